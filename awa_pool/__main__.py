@@ -1,0 +1,4 @@
+"""`python -m awa_pool` runs the CLI."""
+from .cli import main
+
+main()

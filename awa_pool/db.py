@@ -1,0 +1,171 @@
+"""Database access: URLs, connecting with retry, adapting callers' connections.
+
+Every message that may carry a database URL goes through `redact` first, so
+a password never reaches a log, an error or the terminal.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+import psycopg2
+import psycopg2.extensions
+import psycopg2.extras
+from tenacity import (RetryError, Retrying, retry_if_exception_type, stop_after_delay,
+                      wait_exponential_jitter)
+
+from .errors import ConfigError, DatabaseUnavailable
+
+log = logging.getLogger(__name__)
+
+URL_ENV_VARS = ("AWA_DATABASE_URL", "DATABASE_URL")
+APPLICATION_NAME = "awa-pool"
+
+# Advisory lock keys (two-int form): class 0x61776100 ("awa\0") plus a purpose.
+LOCK_CLASS = 0x61776100
+LOCK_MIGRATE = 1
+LOCK_LEADER = 2
+
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/?#@\s]*:)(?P<pw>[^@/\s]*)(?P<tail>@)", re.I)
+_KV_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<pw>'(?:[^'\\]|\\.)*'|\S+)", re.I)
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)(?P<pw>[^&#\s]*)", re.I)
+
+
+def redact(text: Any) -> str:
+    """Replace every password in URLs and key=value DSNs found in text."""
+    text = str(text)
+    text = _URL_PASSWORD.sub(lambda m: m.group("head") + "***" + m.group("tail"), text)
+    text = _QUERY_PASSWORD.sub(lambda m: m.group("head") + "***", text)
+    return _KV_PASSWORD.sub(lambda m: m.group("head") + "***", text)
+
+
+def configured_url(explicit: Optional[str] = None) -> Optional[str]:
+    """--database-url, else AWA_DATABASE_URL, else DATABASE_URL, else None."""
+    if explicit:
+        return explicit
+    for name in URL_ENV_VARS:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
+
+
+def check_url(url: str) -> str:
+    """Reject strings that are clearly not a Postgres URL or DSN, with one clear line."""
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError("the database URL is empty")
+    url = url.strip()
+    if "://" in url:
+        scheme = url.split("://", 1)[0].lower()
+        if scheme not in ("postgres", "postgresql"):
+            raise ConfigError(f"unsupported database URL scheme {scheme!r} in {redact(url)}: "
+                              "use postgresql://user:password@host:port/dbname")
+    try:
+        psycopg2.extensions.parse_dsn(url)
+    except psycopg2.ProgrammingError as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else "malformed"
+        raise ConfigError(f"invalid database URL {redact(url)}: {redact(detail)}") from None
+    return url
+
+
+def describe(url: str) -> str:
+    """user@host:port/db of a URL, for log lines (never the password)."""
+    try:
+        parts = psycopg2.extensions.parse_dsn(url)
+    except psycopg2.ProgrammingError:
+        return redact(url)
+    host = parts.get("host", "localhost")
+    if host.startswith("/"):
+        host = f"socket {host}"
+    port = parts.get("port", "5432")
+    return f"{parts.get('user', '')}@{host}:{port}/{parts.get('dbname', '')}"
+
+
+def _open(url: str, *, autocommit: bool, connect_timeout: int) -> psycopg2.extensions.connection:
+    conn = psycopg2.connect(url, application_name=APPLICATION_NAME,
+                            connect_timeout=max(1, connect_timeout))
+    conn.autocommit = autocommit
+    return conn
+
+
+def connect(url: str, *, autocommit: bool = False, retry_for: float = 0.0,
+            connect_timeout: int = 10) -> psycopg2.extensions.connection:
+    """Open a connection; retry transient failures for up to `retry_for` seconds.
+
+    Raises DatabaseUnavailable (with the password redacted) when it gives up.
+    """
+    url = check_url(url)
+    try:
+        for attempt in Retrying(
+            retry=retry_if_exception_type(psycopg2.OperationalError),
+            stop=stop_after_delay(retry_for),
+            wait=wait_exponential_jitter(initial=0.1, max=2.0),
+            reraise=True,
+        ):
+            with attempt:
+                if attempt.retry_state.attempt_number > 1:
+                    log.info("retrying connection to %s (attempt %d)", describe(url),
+                             attempt.retry_state.attempt_number)
+                return _open(url, autocommit=autocommit, connect_timeout=connect_timeout)
+    except psycopg2.OperationalError as exc:
+        raise DatabaseUnavailable(
+            f"cannot connect to {describe(url)}: {first_line(exc)}") from None
+    except RetryError as exc:  # pragma: no cover - reraise=True makes this unreachable
+        raise DatabaseUnavailable(redact(exc)) from None
+    raise DatabaseUnavailable(f"cannot connect to {describe(url)}")
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return redact(text.splitlines()[0] if text else type(exc).__name__)
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """True for errors that mean the session is gone (retry on a new one)."""
+    if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)):
+        return True
+    pgcode = getattr(exc, "pgcode", None) or ""
+    # 57P01 admin_shutdown (pg_terminate_backend), 57P02/57P03, class 08 connection exceptions
+    return pgcode.startswith("08") or pgcode in ("57P01", "57P02", "57P03")
+
+
+def psycopg2_connection(conn_or_cursor: Any) -> psycopg2.extensions.connection:
+    """The psycopg2 connection behind a psycopg2 connection or cursor, or a
+    Django / SQLAlchemy connection that wraps one."""
+    seen = 0
+    obj = conn_or_cursor
+    while seen < 6:
+        if isinstance(obj, psycopg2.extensions.connection):
+            return obj
+        if isinstance(obj, psycopg2.extensions.cursor):
+            return obj.connection
+        for attr in ("driver_connection", "dbapi_connection", "connection", "cursor"):
+            inner = getattr(obj, attr, None)
+            if inner is not None and not callable(inner) or isinstance(
+                    inner, (psycopg2.extensions.connection, psycopg2.extensions.cursor)):
+                obj = inner
+                break
+        else:
+            break
+        seen += 1
+    raise TypeError(
+        f"expected a psycopg2 connection or cursor (or a Django/SQLAlchemy connection "
+        f"wrapping one), got {type(conn_or_cursor).__name__}")
+
+
+@contextmanager
+def cursor_for(conn_or_cursor: Any, *, dict_rows: bool = False) -> Iterator[Any]:
+    """A cursor in the caller's transaction. Never commits or rolls back."""
+    if isinstance(conn_or_cursor, psycopg2.extensions.cursor) and not dict_rows:
+        yield conn_or_cursor
+        return
+    conn = psycopg2_connection(conn_or_cursor)
+    factory = psycopg2.extras.RealDictCursor if dict_rows else None
+    cur = conn.cursor(cursor_factory=factory) if factory else conn.cursor()
+    try:
+        yield cur
+    finally:
+        cur.close()

@@ -1,0 +1,362 @@
+"""Value objects: Job (what producers enqueue), Unique, JobState, JobRecord.
+
+Everything here validates on construction, before any SQL can run, and uses
+only the standard library (child processes import it).
+"""
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple, Union
+
+from .errors import Seconds, to_seconds
+
+MAX_NAME_LEN = 200
+MAX_TAGS = 20
+MAX_PRIORITY = 4
+MAX_ATTEMPTS_LIMIT = 1000
+
+
+class JobState(str, enum.Enum):
+    """Where a job is in its life. A str, so `record.state == "completed"` holds."""
+
+    SCHEDULED = "scheduled"
+    AVAILABLE = "available"
+    RUNNING = "running"
+    RETRYABLE = "retryable"
+    WAITING_EXTERNAL = "waiting_external"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+
+DEFAULT_UNIQUE_STATES: FrozenSet[JobState] = frozenset({
+    JobState.SCHEDULED, JobState.AVAILABLE, JobState.RUNNING,
+    JobState.RETRYABLE, JobState.WAITING_EXTERNAL, JobState.COMPLETED,
+})
+
+
+def check_name(value: Any, what: str) -> str:
+    """A kind, queue or similar name: non-empty text of at most 200 characters."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a string, not {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{what} must not be empty")
+    if len(value) > MAX_NAME_LEN:
+        raise ValueError(f"{what} must be at most {MAX_NAME_LEN} characters, got {len(value)}")
+    if "\x00" in value:
+        raise ValueError(f"{what} must not contain NUL characters")
+    return value
+
+
+def _check_json_value(value: Any, path: str) -> None:
+    if value is None or isinstance(value, (bool, int)):
+        return
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{path} is {value!r}: NaN and infinity are not JSON")
+        return
+    if isinstance(value, str):
+        _check_text(value, path)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{path} has a non-string key {key!r}: JSON object keys are strings")
+            _check_text(key, f"{path} key")
+            _check_json_value(item, f"{path}[{key!r}]")
+        return
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_json_value(item, f"{path}[{index}]")
+        return
+    raise TypeError(f"{path} is a {type(value).__name__}, which is not JSON-serializable")
+
+
+def _check_text(text: str, path: str) -> None:
+    if "\x00" in text:
+        raise ValueError(f"{path} contains a NUL character, which Postgres cannot store")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{path} contains a lone surrogate, which is not valid UTF-8") from None
+
+
+def json_object(value: Any, what: str) -> Tuple[Dict[str, Any], str]:
+    """Validate a JSON object (dict) and return it with its JSON text."""
+    if value is None:
+        return {}, "{}"
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{what} must be a dict (a JSON object), not {type(value).__name__}")
+    value = dict(value)
+    _check_json_value(value, what)
+    return value, json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def check_priority(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"priority must be an int from 1 to {MAX_PRIORITY}, not {type(value).__name__}")
+    if not 1 <= value <= MAX_PRIORITY:
+        raise ValueError(f"priority must be from 1 (highest) to {MAX_PRIORITY} (lowest), got {value}")
+    return value
+
+
+def check_max_attempts(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_attempts must be an int, not {type(value).__name__}")
+    if not 1 <= value <= MAX_ATTEMPTS_LIMIT:
+        raise ValueError(f"max_attempts must be from 1 to {MAX_ATTEMPTS_LIMIT}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Unique:
+    """Deduplication: while a job with the same key is in one of `states`,
+    enqueueing another returns the existing job's id and inserts nothing.
+
+    The key is kind (+ queue when by_queue) (+ canonical args when by_args)
+    (+ the `period`-second time bucket), computed in SQL.
+    """
+
+    by_args: bool = True
+    by_queue: bool = False
+    period: Optional[Seconds] = None
+    states: FrozenSet[JobState] = DEFAULT_UNIQUE_STATES
+
+    def __post_init__(self) -> None:
+        for name in ("by_args", "by_queue"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"Unique.{name} must be a bool")
+        period = to_seconds(self.period, "Unique period", allow_zero=False)
+        object.__setattr__(self, "period", period)
+        if isinstance(self.states, (str, bytes)) or not isinstance(self.states, Iterable):
+            raise TypeError("Unique.states must be a collection of job states")
+        try:
+            states = frozenset(JobState(s) for s in self.states)
+        except ValueError as exc:
+            raise ValueError(f"Unique.states: {exc}") from None
+        if not states:
+            raise ValueError("Unique.states must name at least one state")
+        object.__setattr__(self, "states", states)
+
+    def as_sql_options(self) -> Dict[str, Any]:
+        options: Dict[str, Any] = {"by_args": self.by_args, "by_queue": self.by_queue,
+                                   "states": sorted(s.value for s in self.states)}
+        if self.period is not None:
+            options["period"] = self.period
+        return options
+
+
+_UNSET: Any = object()
+JOB_DEFAULTS = {"queue": "default", "priority": 2, "max_attempts": 25, "timeout": None}
+
+
+class Job:
+    """A job to enqueue: a plain, validated, immutable value.
+
+    Bad values raise TypeError/ValueError here, before any SQL runs. A
+    task's declared queue, priority, max_attempts and timeout apply to the
+    fields this Job does not set itself.
+    """
+
+    __slots__ = ("kind", "args", "queue", "priority", "run_at", "delay", "max_attempts",
+                 "timeout", "unique", "tags", "metadata", "ordering_key",
+                 "args_json", "metadata_json", "explicit")
+
+    def __init__(self, kind: str, args: Optional[Mapping[str, Any]] = None, *,
+                 queue: str = _UNSET, priority: int = _UNSET,
+                 run_at: Optional[datetime] = None, delay: Optional[Seconds] = None,
+                 max_attempts: int = _UNSET, timeout: Optional[Seconds] = _UNSET,
+                 unique: Optional[Unique] = None, tags: Iterable[str] = (),
+                 metadata: Optional[Mapping[str, Any]] = None,
+                 ordering_key: Optional[str] = None) -> None:
+        explicit = frozenset(name for name, value in (
+            ("queue", queue), ("priority", priority), ("max_attempts", max_attempts),
+            ("timeout", timeout)) if value is not _UNSET)
+        set_ = object.__setattr__
+        set_(self, "explicit", explicit)
+        set_(self, "kind", check_name(kind, "kind"))
+        args_value, args_json = json_object(args, "args")
+        set_(self, "args", args_value)
+        set_(self, "args_json", args_json)
+        set_(self, "queue", check_name(JOB_DEFAULTS["queue"] if queue is _UNSET else queue, "queue"))
+        set_(self, "priority", check_priority(JOB_DEFAULTS["priority"] if priority is _UNSET else priority))
+        set_(self, "max_attempts", check_max_attempts(
+            JOB_DEFAULTS["max_attempts"] if max_attempts is _UNSET else max_attempts))
+        set_(self, "timeout", to_seconds(None if timeout is _UNSET else timeout, "timeout",
+                                         allow_zero=False))
+        if run_at is not None and delay is not None:
+            raise ValueError("run_at and delay are mutually exclusive: give one or the other")
+        if run_at is not None:
+            if not isinstance(run_at, datetime):
+                raise TypeError(f"run_at must be a datetime, not {type(run_at).__name__}")
+            if run_at.tzinfo is None or run_at.tzinfo.utcoffset(run_at) is None:
+                raise ValueError("run_at must be timezone-aware (for example datetime.now(timezone.utc))")
+        set_(self, "run_at", run_at)
+        set_(self, "delay", to_seconds(delay, "delay"))
+        if unique is not None and not isinstance(unique, Unique):
+            raise TypeError(f"unique must be an awa_pool.Unique, not {type(unique).__name__}")
+        set_(self, "unique", unique)
+        if isinstance(tags, (str, bytes)) or not isinstance(tags, Iterable):
+            raise TypeError("tags must be a collection of strings, not a single string")
+        tag_tuple = tuple(tags)
+        if len(tag_tuple) > MAX_TAGS:
+            raise ValueError(f"a job may have at most {MAX_TAGS} tags, got {len(tag_tuple)}")
+        for tag in tag_tuple:
+            check_name(tag, "each tag")
+        set_(self, "tags", tag_tuple)
+        metadata_value, metadata_json = json_object(metadata, "metadata")
+        set_(self, "metadata", metadata_value)
+        set_(self, "metadata_json", metadata_json)
+        if ordering_key is not None:
+            check_name(ordering_key, "ordering_key")
+        set_(self, "ordering_key", ordering_key)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Job is immutable; use job.replace(...)")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("Job is immutable")
+
+    def replace(self, **changes: Any) -> "Job":
+        """A copy with some fields changed (validated again)."""
+        fields: Dict[str, Any] = {
+            "args": self.args, "run_at": self.run_at, "delay": self.delay,
+            "unique": self.unique, "tags": self.tags, "metadata": self.metadata,
+            "ordering_key": self.ordering_key,
+        }
+        for name in ("queue", "priority", "max_attempts", "timeout"):
+            if name in self.explicit:
+                fields[name] = getattr(self, name)
+        fields.update(changes)
+        return Job(changes.get("kind", self.kind), **{k: v for k, v in fields.items() if k != "kind"})
+
+    def with_defaults(self, defaults: Mapping[str, Any]) -> "Job":
+        """Fill the fields this job left unset from a task's declared defaults."""
+        missing = {name: value for name, value in defaults.items()
+                   if name not in self.explicit and value is not None}
+        return self.replace(**missing) if missing else self
+
+    def _key(self) -> tuple:
+        return (self.kind, self.args_json, self.queue, self.priority, self.run_at, self.delay,
+                self.max_attempts, self.timeout, self.unique, self.tags, self.metadata_json,
+                self.ordering_key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Job) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        extras = "".join(f", {name}={getattr(self, name)!r}" for name in (
+            "queue", "priority", "run_at", "delay", "max_attempts", "timeout", "unique",
+            "ordering_key") if getattr(self, name) not in (None, JOB_DEFAULTS.get(name)))
+        return f"Job({self.kind!r}, {self.args!r}{extras})"
+
+    def sql_params(self) -> Dict[str, Any]:
+        """The named parameters of awa.insert_job / one element of awa.insert_jobs."""
+        params: Dict[str, Any] = {
+            "kind": self.kind, "args": self.args, "queue": self.queue,
+            "priority": self.priority, "max_attempts": self.max_attempts,
+        }
+        run_at = self.effective_run_at()
+        if run_at is not None:
+            params["run_at"] = run_at.isoformat()
+        if self.timeout is not None:
+            params["timeout_s"] = self.timeout
+        if self.tags:
+            params["tags"] = list(self.tags)
+        if self.metadata:
+            params["metadata"] = self.metadata
+        if self.unique is not None:
+            params["unique_opts"] = self.unique.as_sql_options()
+        if self.ordering_key is not None:
+            params["ordering_key"] = self.ordering_key
+        return params
+
+    def effective_run_at(self) -> Optional[datetime]:
+        if self.run_at is not None:
+            return self.run_at
+        if self.delay:
+            return datetime.now(timezone.utc) + timedelta(seconds=self.delay)
+        return None
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A job as stored, returned by get_job / list_jobs / wait."""
+
+    id: int
+    kind: str
+    queue: str
+    args: Dict[str, Any]
+    state: JobState
+    priority: int
+    attempt: int
+    max_attempts: int
+    run_at: Optional[datetime]
+    created_at: datetime
+    finalized_at: Optional[datetime]
+    tags: Tuple[str, ...]
+    metadata: Dict[str, Any]
+    result: Any
+    progress: Optional[Dict[str, Any]]
+    errors: List[Dict[str, Any]]
+    attempts: List[Dict[str, Any]]
+    timeout: Optional[float] = None
+    crashes: int = 0
+    dead_lettered: bool = False
+    batch_id: Optional[int] = None
+    ordering_key: Optional[str] = None
+    callback_id: Optional[str] = None
+    attempted_at: Optional[datetime] = None
+    extra: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "JobRecord":
+        state = JobState(row["state"])
+        attempts = list(row.get("attempt_log") or [])
+        if state in TERMINAL_STATES and row.get("attempted_at") is not None and row.get("wall_s") is not None:
+            attempts.append({
+                "attempt": row["attempt"],
+                "started_at": row["attempted_at"],
+                "finished_at": row.get("finalized_at"),
+                "outcome": state.value,
+                "wall_seconds": row.get("wall_s"),
+                "cpu_seconds": row.get("cpu_s"),
+                "peak_rss_bytes": row.get("peak_rss"),
+            })
+        for entry in attempts:
+            for key in ("wall_seconds", "cpu_seconds", "peak_rss_bytes"):
+                entry.setdefault(key, None)
+        callback_id = row.get("callback_id")
+        return cls(
+            id=row["id"], kind=row["kind"], queue=row["queue"], args=row["args"] or {},
+            state=state, priority=row["priority"], attempt=row["attempt"],
+            max_attempts=row["max_attempts"], run_at=row.get("run_at"),
+            created_at=row["created_at"], finalized_at=row.get("finalized_at"),
+            tags=tuple(row.get("tags") or ()), metadata=row.get("metadata") or {},
+            result=row.get("result"), progress=row.get("progress"),
+            errors=list(row.get("errors") or []), attempts=attempts,
+            timeout=row.get("timeout_s"), crashes=row.get("crashes") or 0,
+            dead_lettered=bool(row.get("dead_lettered")), batch_id=row.get("batch_id"),
+            ordering_key=row.get("ordering_key"),
+            callback_id=str(callback_id) if callback_id is not None else None,
+            attempted_at=row.get("attempted_at"),
+        )

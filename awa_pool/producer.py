@@ -1,0 +1,133 @@
+"""Producing jobs: enqueue, enqueue_many, enqueue_batch.
+
+All three run in the caller's current transaction and never commit or roll
+back: the jobs exist exactly when the caller's own writes do. Ready jobs
+wake idle supervisors at commit through a NOTIFY sent by the database.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .db import cursor_for
+from .job import Job
+from .sql import QUERIES
+from .tasks import apply_task_defaults
+
+# Jobs per insert_jobs statement: large enough to amortize the round trip,
+# small enough to keep one statement's memory modest.
+MANY_CHUNK = 5000
+THEN_OF_KEY = "awa:then_of"
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What enqueue_batch created: the batch id, member ids in input order,
+    and the follow-up job's id (None without `then`)."""
+
+    id: int
+    ids: Tuple[int, ...]
+    then_id: Optional[int]
+
+
+def _check_job(job: Any) -> Job:
+    if not isinstance(job, Job):
+        raise TypeError(f"expected an awa_pool.Job, got {type(job).__name__}")
+    return apply_task_defaults(job)
+
+
+def _single_params(job: Job, *, batch_id: Optional[int] = None, hold: bool = False,
+                   metadata_json: Optional[str] = None) -> Dict[str, Any]:
+    return {
+        "kind": job.kind, "args": job.args_json, "queue": job.queue,
+        "priority": job.priority, "run_at": job.run_at, "delay_s": job.delay,
+        "max_attempts": job.max_attempts, "timeout_s": job.timeout,
+        "tags": list(job.tags), "metadata": metadata_json or job.metadata_json,
+        "unique_opts": json.dumps(job.unique.as_sql_options()) if job.unique else None,
+        "ordering_key": job.ordering_key, "batch_id": batch_id, "hold": hold,
+    }
+
+
+def _many_entry(job: Job, batch_id: Optional[int]) -> Dict[str, Any]:
+    entry: Dict[str, Any] = {"kind": job.kind, "args": job.args, "queue": job.queue,
+                             "priority": job.priority, "max_attempts": job.max_attempts}
+    if job.run_at is not None:
+        entry["run_at"] = job.run_at.isoformat()
+    elif job.delay:
+        entry["delay_s"] = job.delay
+    if job.timeout is not None:
+        entry["timeout_s"] = job.timeout
+    if job.tags:
+        entry["tags"] = list(job.tags)
+    if job.metadata:
+        entry["metadata"] = job.metadata
+    if job.unique is not None:
+        entry["unique_opts"] = job.unique.as_sql_options()
+    if job.ordering_key is not None:
+        entry["ordering_key"] = job.ordering_key
+    if batch_id is not None:
+        entry["batch_id"] = batch_id
+    return entry
+
+
+def enqueue(conn: Any, job: Job) -> int:
+    """Insert one job in the connection's current transaction; returns its id.
+
+    With `job.unique`, a duplicate returns the existing job's id and inserts
+    nothing. Works with a psycopg2 connection or cursor, or a Django or
+    SQLAlchemy connection wrapping one.
+    """
+    job = _check_job(job)
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["insert_job"], _single_params(job))
+        return cur.fetchone()[0]
+
+
+def enqueue_many(conn: Any, jobs: Iterable[Job]) -> List[int]:
+    """Insert many jobs in one round trip per 5,000; ids come back in input order."""
+    checked = [_check_job(job) for job in jobs]
+    return _insert_many(conn, checked, batch_id=None)
+
+
+def _insert_many(conn: Any, jobs: Sequence[Job], batch_id: Optional[int]) -> List[int]:
+    ids: List[int] = []
+    with cursor_for(conn) as cur:
+        for start in range(0, len(jobs), MANY_CHUNK):
+            chunk = jobs[start:start + MANY_CHUNK]
+            payload = json.dumps([_many_entry(job, batch_id) for job in chunk],
+                                 ensure_ascii=False, separators=(",", ":"))
+            cur.execute(QUERIES["insert_jobs"], {"jobs": payload})
+            by_position = dict(cur.fetchall())
+            ids.extend(by_position[position] for position in range(1, len(chunk) + 1))
+    return ids
+
+
+def enqueue_batch(conn: Any, jobs: Iterable[Job], then: Optional[Job] = None) -> Batch:
+    """Insert a batch of jobs and, with `then`, a follow-up job that becomes
+    available exactly once, after every member reached a terminal state.
+
+    In the follow-up, `ctx.batch_results()` returns the members' records.
+    Members may not use `unique` (a deduplicated member would belong to
+    another batch, and the follow-up could never fire).
+    """
+    members = [_check_job(job) for job in jobs]
+    for job in members:
+        if job.unique is not None:
+            raise ValueError("batch members cannot be unique jobs: a duplicate would never "
+                             "report to this batch")
+    then_job = _check_job(then) if then is not None else None
+    if then_job is not None and then_job.unique is not None:
+        raise ValueError("a batch follow-up cannot be a unique job")
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["insert_batch"], {"total": len(members)})
+        batch_id = cur.fetchone()[0]
+        then_id = None
+        if then_job is not None:
+            metadata = dict(then_job.metadata, **{THEN_OF_KEY: batch_id})
+            cur.execute(QUERIES["insert_job"], _single_params(
+                then_job, hold=bool(members), metadata_json=json.dumps(metadata)))
+            then_id = cur.fetchone()[0]
+            cur.execute(QUERIES["set_batch_then"], {"then_id": then_id, "batch_id": batch_id})
+        ids = _insert_many(cur, members, batch_id=batch_id)
+    return Batch(batch_id, tuple(ids), then_id)

@@ -1,0 +1,68 @@
+"""Test helpers: database URLs, bounded polling, small queries."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, Optional, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg2
+import psycopg2.extensions
+
+T = TypeVar("T")
+
+
+def with_database(url: str, name: str) -> str:
+    """The same server URL (or key=value DSN) pointing at database `name`."""
+    if "://" in url:
+        parts = urlsplit(url)
+        return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+    params = psycopg2.extensions.parse_dsn(url)
+    params["dbname"] = name
+    return psycopg2.extensions.make_dsn(**params)
+
+
+def wait_for(predicate: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.02,
+             message: str = "condition") -> T:
+    """Poll predicate until it returns a truthy value; fail clearly after timeout."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = predicate()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {message} (last value: {last!r})")
+        time.sleep(interval)
+
+
+def query(dsn: str, sql: str, params: Any = None) -> list:
+    conn = psycopg2.connect(dsn)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall() if cur.description else []
+    finally:
+        conn.close()
+
+
+def scalar(dsn: str, sql: str, params: Any = None) -> Any:
+    rows = query(dsn, sql, params)
+    return rows[0][0] if rows else None
+
+
+def states(dsn: str) -> Dict[str, int]:
+    return dict(query(dsn, "SELECT state::text, count(*) FROM awa.jobs GROUP BY 1"))
+
+
+def job_row(dsn: str, job_id: int) -> Optional[dict]:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT * FROM awa.jobs WHERE id = %s", (job_id,))
+            row = cur.fetchone()
+            if row is None:
+                return None
+            return dict(zip([d.name for d in cur.description], row))
+    finally:
+        conn.close()

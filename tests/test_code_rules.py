@@ -1,0 +1,88 @@
+"""Structural rules of the codebase (STYLE.md): SQL lives in schema/, children
+never touch the database, only the CLI prints or exits."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from awa_pool.sql import QUERIES
+
+PACKAGE = Path(__file__).resolve().parent.parent / "awa_pool"
+SOURCES = {path.stem: path.read_text() for path in PACKAGE.glob("*.py")}
+
+CHILD_SIDE = ("child", "execute", "context", "protocol", "job", "errors", "tasks")
+DB_MODULES = {"db", "sql", "producer", "admin", "migrate", "fetcher", "completer", "notifier",
+              "leader", "maintenance", "psycopg2"}
+
+
+def _imports(source: str) -> set:
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level and module:
+                names.add(module.split(".")[0])
+            elif node.level:
+                names.update(alias.name for alias in node.names)
+            else:
+                names.add(module.split(".")[0])
+    return names
+
+
+def test_child_side_modules_never_import_database_code() -> None:
+    for name in CHILD_SIDE:
+        if name not in SOURCES:
+            continue
+        tree = ast.parse(SOURCES[name])
+        # module-level imports only: Task.enqueue imports the producer inside a function
+        top = set()
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                top |= _imports(ast.unparse(node))
+        assert not (top & DB_MODULES), f"{name}.py imports {top & DB_MODULES}"
+
+
+def test_no_import_of_the_package_root_inside_the_package() -> None:
+    for name, source in SOURCES.items():
+        assert not re.search(r"^\s*from awa_pool import|^\s*import awa_pool\b", source, re.M), name
+
+
+def test_every_named_query_is_used_and_exists() -> None:
+    code = "\n".join(SOURCES.values())
+    referenced = set(re.findall(r'QUERIES\["([a-z0-9_]+)"\]', code))
+    assert referenced - set(QUERIES) == set(), "referenced but not defined"
+    assert set(QUERIES) - referenced == set(), "defined but never used"
+
+
+def test_no_sql_strings_outside_schema() -> None:
+    for name, source in SOURCES.items():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value.lstrip()
+                assert not re.match(r"(SELECT|INSERT|UPDATE|DELETE|CREATE|DROP|ALTER|LISTEN|UNLISTEN|NOTIFY)\s",
+                                    text), f"{name}.py has inline SQL: {text[:60]!r}"
+
+
+def test_only_cli_prints_or_exits() -> None:
+    for name, source in SOURCES.items():
+        if name in ("cli", "__main__"):
+            continue
+        tree = ast.parse(source)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                func = node.func
+                if isinstance(func, ast.Name) and func.id == "print":
+                    raise AssertionError(f"{name}.py calls print()")
+                if isinstance(func, ast.Attribute) and func.attr == "exit" and \
+                        isinstance(func.value, ast.Name) and func.value.id == "sys":
+                    raise AssertionError(f"{name}.py calls sys.exit()")
+
+
+def test_only_supervisor_and_child_install_signal_handlers() -> None:
+    for name, source in SOURCES.items():
+        if name in ("supervisor", "child"):
+            continue
+        assert "signal.signal(" not in source, f"{name}.py installs a signal handler"

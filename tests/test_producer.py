@@ -1,0 +1,255 @@
+"""Transactional enqueue, bulk enqueue, uniqueness and the raw SQL entry point."""
+from __future__ import annotations
+
+import select
+from datetime import datetime, timedelta, timezone
+
+import psycopg2
+import psycopg2.extensions
+import pytest
+
+import awa_pool
+from awa_pool import Job, Unique, enqueue, enqueue_many
+from helpers import job_row, query, scalar, wait_for
+
+
+def test_commit_makes_job_visible(conn, dsn) -> None:
+    with conn:
+        with conn.cursor() as cur:
+            cur.execute("CREATE TABLE orders (id int)")
+            cur.execute("INSERT INTO orders VALUES (42)")
+        job_id = enqueue(conn, Job("send_receipt", {"order_id": 42}))
+        # not visible to others before commit
+        assert scalar(dsn, "SELECT count(*) FROM awa.jobs WHERE id = %s", (job_id,)) == 0
+    row = job_row(dsn, job_id)
+    assert row["state"] == "available"
+    assert row["args"] == {"order_id": 42}
+    assert row["kind"] == "send_receipt" and row["queue"] == "default"
+    assert scalar(dsn, "SELECT count(*) FROM orders") == 1
+
+
+def test_rollback_leaves_nothing(conn, dsn) -> None:
+    with pytest.raises(RuntimeError):
+        with conn:
+            enqueue(conn, Job("a"))
+            enqueue_many(conn, [Job("b"), Job("c", delay=60)])
+            raise RuntimeError("boom")
+    assert scalar(dsn, "SELECT count(*) FROM awa.jobs") == 0
+
+
+def test_enqueue_never_commits(conn, dsn) -> None:
+    enqueue(conn, Job("a"))
+    assert conn.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_INTRANS
+    conn.rollback()
+    assert scalar(dsn, "SELECT count(*) FROM awa.jobs") == 0
+
+
+def test_enqueue_with_cursor(conn, dsn) -> None:
+    with conn.cursor() as cur:
+        job_id = enqueue(cur, Job("via_cursor"))
+    conn.commit()
+    assert job_row(dsn, job_id)["kind"] == "via_cursor"
+
+
+def test_enqueue_through_wrapper_objects(conn, dsn) -> None:
+    """Django's and SQLAlchemy's wrappers expose the psycopg2 connection."""
+
+    class DjangoLike:  # django.db.connection has .connection
+        def __init__(self, raw):
+            self.connection = raw
+
+        def cursor(self):
+            raise AssertionError("should use the raw connection")
+
+    class SQLAlchemyLike:  # PoolProxiedConnection has .driver_connection
+        def __init__(self, raw):
+            self.driver_connection = raw
+
+    first = enqueue(DjangoLike(conn), Job("django"))
+    second = enqueue(SQLAlchemyLike(conn), Job("sqlalchemy"))
+    conn.commit()
+    assert job_row(dsn, first)["kind"] == "django"
+    assert job_row(dsn, second)["kind"] == "sqlalchemy"
+    with pytest.raises(TypeError, match="psycopg2 connection"):
+        enqueue(object(), Job("x"))
+
+
+def test_all_fields_stored(conn, dsn) -> None:
+    run_at = datetime.now(timezone.utc) + timedelta(hours=1)
+    job_id = enqueue(conn, Job("full", {"a": [1, 2]}, queue="q1", priority=4, run_at=run_at,
+                               max_attempts=3, timeout=12.5, tags=["x", "y"],
+                               metadata={"m": True}, ordering_key="key"))
+    conn.commit()
+    row = job_row(dsn, job_id)
+    assert row["state"] == "scheduled"
+    assert row["queue"] == "q1" and row["priority"] == 4 and row["max_attempts"] == 3
+    assert row["timeout_s"] == 12.5 and row["tags"] == ["x", "y"]
+    assert row["metadata"] == {"m": True} and row["ordering_key"] == "key"
+    assert abs((row["run_at"] - run_at).total_seconds()) < 0.001
+
+
+def test_delay_uses_database_clock(conn, dsn) -> None:
+    job_id = enqueue(conn, Job("later", delay=30))
+    conn.commit()
+    seconds = scalar(dsn, "SELECT extract(epoch FROM run_at - created_at) FROM awa.jobs WHERE id = %s", (job_id,))
+    assert 29.9 < float(seconds) < 30.5
+    assert job_row(dsn, job_id)["state"] == "scheduled"
+
+
+def test_enqueue_many_ids_in_input_order(conn, dsn) -> None:
+    jobs = []
+    for i in range(300):
+        if i % 3 == 0:
+            jobs.append(Job("later", {"i": i}, delay=3600))
+        elif i % 3 == 1:
+            jobs.append(Job("now", {"i": i}, queue="other", priority=1))
+        else:
+            jobs.append(Job("unique", {"i": i}, unique=Unique()))
+    ids = enqueue_many(conn, jobs)
+    conn.commit()
+    assert len(ids) == 300 and len(set(ids)) == 300
+    rows = dict(query(dsn, "SELECT id, (args->>'i')::int FROM awa.jobs"))
+    assert [rows[job_id] for job_id in ids] == list(range(300))
+    by_state = dict(query(dsn, "SELECT state::text, count(*) FROM awa.jobs GROUP BY 1"))
+    assert by_state == {"scheduled": 100, "available": 200}
+
+
+def test_enqueue_many_empty(conn) -> None:
+    assert enqueue_many(conn, []) == []
+
+
+def test_enqueue_many_chunks(conn, dsn, monkeypatch) -> None:
+    monkeypatch.setattr(awa_pool.producer, "MANY_CHUNK", 7)
+    ids = enqueue_many(conn, [Job("c", {"i": i}) for i in range(30)])
+    conn.commit()
+    rows = dict(query(dsn, "SELECT id, (args->>'i')::int FROM awa.jobs"))
+    assert [rows[job_id] for job_id in ids] == list(range(30))
+
+
+def test_unique_by_args(conn, dsn) -> None:
+    first = enqueue(conn, Job("u", {"a": 1, "b": 2}, unique=Unique()))
+    # same args in another key order: the same canonical key
+    assert enqueue(conn, Job("u", {"b": 2, "a": 1}, unique=Unique())) == first
+    other = enqueue(conn, Job("u", {"a": 2}, unique=Unique()))
+    assert other != first
+    conn.commit()
+    assert scalar(dsn, "SELECT count(*) FROM awa.jobs") == 2
+
+
+def test_unique_ignoring_args(conn) -> None:
+    first = enqueue(conn, Job("u", {"a": 1}, unique=Unique(by_args=False)))
+    assert enqueue(conn, Job("u", {"a": 2}, unique=Unique(by_args=False))) == first
+
+
+def test_unique_by_queue(conn) -> None:
+    first = enqueue(conn, Job("u", queue="a", unique=Unique(by_queue=True)))
+    assert enqueue(conn, Job("u", queue="a", unique=Unique(by_queue=True))) == first
+    assert enqueue(conn, Job("u", queue="b", unique=Unique(by_queue=True))) != first
+    # without by_queue, the queue is not part of the key
+    plain = enqueue(conn, Job("v", queue="a", unique=Unique()))
+    assert enqueue(conn, Job("v", queue="b", unique=Unique())) == plain
+
+
+def test_unique_within_period(conn, dsn) -> None:
+    first = enqueue(conn, Job("p", unique=Unique(period=3600)))
+    assert enqueue(conn, Job("p", unique=Unique(period=3600))) == first
+    conn.commit()
+    # The key of another time bucket differs: compute it at a time one period later.
+    with conn.cursor() as cur:
+        cur.execute("SELECT awa.unique_key('p', 'default', '{}', true, false, 3600, now()) ="
+                    " awa.unique_key('p', 'default', '{}', true, false, 3600, now() + interval '1 hour')")
+        assert cur.fetchone()[0] is False
+    conn.rollback()
+
+
+def test_unique_released_after_leaving_states(conn, dsn) -> None:
+    unique = Unique(states=["available", "scheduled"])
+    first = enqueue(conn, Job("r", unique=unique))
+    conn.commit()
+    assert enqueue(conn, Job("r", unique=unique)) == first
+    conn.commit()
+    # the first job leaves the unique states (it is now running)
+    query(dsn, "SELECT * FROM awa.claim('default', 10, 1)")
+    second = enqueue(conn, Job("r", unique=unique))
+    conn.commit()
+    assert second != first
+    assert enqueue(conn, Job("r", unique=unique)) == second
+
+
+def test_unique_default_states_block_completed_not_failed(conn, dsn) -> None:
+    first = enqueue(conn, Job("d", unique=Unique()))
+    conn.commit()
+    query(dsn, "SELECT * FROM awa.claim('default', 10, 1)")
+    query(dsn, "SELECT awa.complete_jobs(ARRAY[%s]::bigint[], ARRAY[1]::bigint[], ARRAY[NULL]::jsonb[],"
+               " ARRAY[0]::real[], ARRAY[0]::real[], ARRAY[0]::bigint[], ARRAY[NULL]::jsonb[])", (first,))
+    assert enqueue(conn, Job("d", unique=Unique())) == first  # completed still holds the key
+    conn.commit()
+    # a failed job does not
+    query(dsn, "UPDATE awa.jobs_done SET state = 'failed' WHERE id = %s", (first,))
+    second = enqueue(conn, Job("d", unique=Unique()))
+    assert second != first
+
+
+def test_unique_duplicate_inserts_nothing_in_bulk(conn, dsn) -> None:
+    ids = enqueue_many(conn, [Job("m", {"x": 1}, unique=Unique()) for _ in range(5)])
+    conn.commit()
+    assert len(set(ids)) == 1
+    assert scalar(dsn, "SELECT count(*) FROM awa.jobs") == 1
+
+
+def test_raw_sql_insert_is_identical_to_enqueue(conn, dsn) -> None:
+    columns = ("kind", "queue", "args", "state", "priority", "max_attempts", "timeout_s",
+               "tags", "metadata", "unique_key", "lane", "ordering_key", "attempt", "lease")
+    py_id = enqueue(conn, Job("same", {"z": 1, "a": [1, "two"]}, queue="q", priority=3,
+                              max_attempts=7, timeout=9, tags=["t"], metadata={"m": 1},
+                              unique=Unique(by_queue=True), ordering_key="k"))
+    with conn.cursor() as cur:
+        cur.execute("DELETE FROM awa.unique_keys")  # let the raw insert take the key too
+        cur.execute("""SELECT awa.insert_job('same', '{"a": [1, "two"], "z": 1}', 'q', 3, NULL, 7, 9,
+                       ARRAY['t'], '{"m": 1}', '{"by_queue": true}', 'k')""")
+        raw_id = cur.fetchone()[0]
+    conn.commit()
+    py_row, raw_row = job_row(dsn, py_id), job_row(dsn, raw_id)
+    assert raw_id != py_id
+    for column in columns:
+        assert py_row[column] == raw_row[column], column
+
+
+def test_notify_reaches_listener_at_commit(conn, dsn) -> None:
+    listener = psycopg2.connect(dsn)
+    listener.autocommit = True
+    try:
+        with listener.cursor() as cur:
+            cur.execute("LISTEN awa_jobs")
+        enqueue(conn, Job("wake", queue="images"))
+        assert select.select([listener], [], [], 0.2) == ([], [], [])  # nothing before commit
+        conn.commit()
+
+        def received():
+            if select.select([listener], [], [], 0.05)[0]:
+                listener.poll()
+            return [n.payload for n in listener.notifies]
+
+        assert wait_for(received, timeout=5, message="NOTIFY after commit") == ["images"]
+        listener.notifies.clear()
+        enqueue(conn, Job("future", queue="images", delay=60))  # not ready: no wake-up
+        conn.commit()
+        assert select.select([listener], [], [], 0.2)[0] == []
+    finally:
+        listener.close()
+
+
+def test_task_defaults_apply_to_plain_jobs(conn, dsn) -> None:
+    @awa_pool.task("test_producer_defaults", queue="tq", priority=1, max_attempts=4, timeout=30)
+    def handler() -> None:
+        pass
+
+    plain = enqueue(conn, Job("test_producer_defaults"))
+    override = enqueue(conn, Job("test_producer_defaults", queue="other", priority=3))
+    via_task = handler.enqueue(conn)
+    conn.commit()
+    row = job_row(dsn, plain)
+    assert (row["queue"], row["priority"], row["max_attempts"], row["timeout_s"]) == ("tq", 1, 4, 30.0)
+    row = job_row(dsn, override)
+    assert (row["queue"], row["priority"], row["max_attempts"]) == ("other", 3, 4)
+    assert job_row(dsn, via_task)["queue"] == "tq"
