@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from contextlib import contextmanager
 from typing import Any, Iterator, List, Optional
@@ -105,6 +106,58 @@ def migrate(check: bool = typer.Option(False, "--check", help="Only report; exit
             say(f"applied {len(applied)} migration(s); schema is at version {LATEST_VERSION}")
         else:
             say(f"schema is up to date (version {LATEST_VERSION})")
+
+
+@app.command()
+def start(workers: int = typer.Option(os.cpu_count() or 1, "--workers", "-w", help="Child processes."),
+          app_module: Optional[str] = typer.Option(None, "--app", "-a",
+                                                   help="Module(s) declaring the tasks (comma-separated)."),
+          queue: List[str] = typer.Option([], "--queue", "-q",
+                                          help="NAME[=WEIGHT][,min=N][,max=N][,rate=R/s][,aging=S][,dlq] "
+                                               "(repeatable; default: every queue the tasks name)."),
+          shutdown_timeout: str = typer.Option("30s", "--shutdown-timeout"),
+          connect_timeout: str = typer.Option("30s", "--connect-timeout"),
+          max_tasks_per_child: Optional[int] = typer.Option(None, "--max-tasks-per-child"),
+          max_memory_per_child: Optional[str] = typer.Option(None, "--max-memory-per-child",
+                                                              help="Like 512MB or 2GB; a plain number is MB."),
+          max_crashes: int = typer.Option(3, "--max-crashes", help="Crashes before a job is failed as poison."),
+          retention_completed: str = typer.Option("24h", "--retention-completed"),
+          retention_failed: str = typer.Option("7d", "--retention-failed"),
+          metrics_port: Optional[int] = typer.Option(None, "--metrics-port"),
+          log_level: str = typer.Option("info", "--log-level"),
+          log_format: str = typer.Option("text", "--log-format", help="text or json."),
+          migrate_first: bool = typer.Option(False, "--migrate", help="Apply pending migrations first."),
+          database_url: Optional[str] = DB_URL) -> None:
+    """Run a supervisor with its pool of child processes."""
+    from .config import PoolConfig, parse_duration, parse_queues, parse_size
+    from .logs import configure_logging
+    from .migrate import migrate as apply_migrations
+    from .supervisor import Supervisor
+    from .tasks import import_app
+
+    configure_logging(log_level, log_format)
+    config = PoolConfig(
+        dsn=resolve_url(database_url), app=app_module, workers=workers, queues=parse_queues(queue),
+        shutdown_timeout=parse_duration(shutdown_timeout, what="--shutdown-timeout"),
+        connect_timeout=parse_duration(connect_timeout, what="--connect-timeout"),
+        max_tasks_per_child=max_tasks_per_child,
+        max_memory_per_child=(parse_size(max_memory_per_child, what="--max-memory-per-child")
+                              if max_memory_per_child else None),
+        max_crashes=max_crashes,
+        retention_completed=parse_duration(retention_completed, what="--retention-completed"),
+        retention_failed=parse_duration(retention_failed, what="--retention-failed"),
+        metrics_port=metrics_port)
+    if app_module:
+        import_app(app_module)  # fail fast, with the import error, before touching the database
+    if migrate_first:
+        conn = db.connect(config.dsn, retry_for=config.connect_timeout)
+        try:
+            apply_migrations(conn)
+        finally:
+            conn.close()
+    code = Supervisor(config).run()
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()

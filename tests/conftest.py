@@ -12,10 +12,8 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional
+from typing import Iterator, List, Optional
 
 import psycopg2
 import psycopg2.extensions
@@ -170,3 +168,27 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
         yield procs
     finally:
         procs.stop_all()
+
+
+class Pools:
+    """Supervisors started as `python -m awa_pool start` subprocesses."""
+
+    def __init__(self, processes: Processes, dsn: str, log_dir: Path) -> None:
+        self.processes = processes
+        self.dsn = dsn
+        self.log_dir = log_dir
+
+    def start(self, *args: str, app: str = "apps.basic", workers: int = 2,
+              env: Optional[dict] = None, name: str = "supervisor") -> subprocess.Popen:
+        argv = [sys.executable, "-m", "awa_pool", "start", "--app", app, "-w", str(workers),
+                "--database-url", self.dsn, "--log-level", "debug", *args]
+        full_env = {"AWA_TEST_LOG_DIR": str(self.log_dir)}
+        full_env.update(env or {})
+        return self.processes.start(argv, env=full_env, name=name)
+
+
+@pytest.fixture
+def pools(processes: Processes, dsn: str, tmp_path: Path) -> Pools:
+    log_dir = tmp_path / "exec"
+    log_dir.mkdir()
+    return Pools(processes, dsn, log_dir)

@@ -66,3 +66,30 @@ def job_row(dsn: str, job_id: int) -> Optional[dict]:
             return dict(zip([d.name for d in cur.description], row))
     finally:
         conn.close()
+
+
+def count_lines(log_dir, kind: str) -> int:
+    """Executions of `kind` recorded by tests/apps handlers."""
+    import os
+
+    total = 0
+    for name in os.listdir(log_dir):
+        if name.startswith("exec-"):
+            with open(os.path.join(log_dir, name)) as f:
+                total += sum(1 for line in f if line.split(" ", 1)[0] == kind)
+    return total
+
+
+def exec_records(log_dir) -> list:
+    """[(kind, job_id, pid, time, extra)] recorded by tests/apps handlers."""
+    import os
+
+    records = []
+    for name in os.listdir(log_dir):
+        if name.startswith("exec-"):
+            with open(os.path.join(log_dir, name)) as f:
+                for line in f:
+                    parts = line.rstrip("\n").split(" ", 4)
+                    records.append((parts[0], int(parts[1]), int(parts[2]), float(parts[3]),
+                                    parts[4] if len(parts) > 4 else ""))
+    return sorted(records, key=lambda r: r[3])

@@ -49,7 +49,6 @@ def test_four_concurrent_migrators_end_with_one_schema(empty_dsn: str) -> None:
 
 
 def test_migrate_check_reports_behind(empty_dsn: str, dsn: str) -> None:
-    from awa_pool.cli import main
 
     def run(*argv):
         return subprocess.run([sys.executable, "-m", "awa_pool", *argv], capture_output=True, text=True,

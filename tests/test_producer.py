@@ -180,8 +180,8 @@ def test_unique_default_states_block_completed_not_failed(conn, dsn) -> None:
     first = enqueue(conn, Job("d", unique=Unique()))
     conn.commit()
     query(dsn, "SELECT * FROM awa.claim('default', 10, 1)")
-    query(dsn, "SELECT awa.complete_jobs(ARRAY[%s]::bigint[], ARRAY[1]::bigint[], ARRAY[NULL]::jsonb[],"
-               " ARRAY[0]::real[], ARRAY[0]::real[], ARRAY[0]::bigint[], ARRAY[NULL]::jsonb[])", (first,))
+    query(dsn, "SELECT awa.complete_jobs(ARRAY[%s]::bigint[], ARRAY[1]::bigint[],"
+               " ARRAY[0]::real[], ARRAY[0]::real[], ARRAY[0]::bigint[])", (first,))
     assert enqueue(conn, Job("d", unique=Unique())) == first  # completed still holds the key
     conn.commit()
     # a failed job does not

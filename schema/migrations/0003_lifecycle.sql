@@ -122,18 +122,20 @@ BEGIN
 END $$;
 
 -- The success path, set-based: move completed jobs from the hot table to
--- terminal history in one statement. Arrays are parallel, one entry per job.
+-- terminal history in one statement. Arrays are parallel, one entry per job;
+-- p_extra maps a job id (as text) to {"result": ..., "progress": ...} for the
+-- jobs that have either, so the common no-result case sends only numbers.
 CREATE FUNCTION awa.complete_jobs(
-    p_ids bigint[], p_leases bigint[], p_results jsonb[],
-    p_wall real[], p_cpu real[], p_rss bigint[], p_progress jsonb[])
+    p_ids bigint[], p_leases bigint[], p_wall real[], p_cpu real[], p_rss bigint[],
+    p_extra jsonb DEFAULT '{}')
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     n integer;
 BEGIN
     WITH o AS (
-        SELECT * FROM unnest(p_ids, p_leases, p_results, p_wall, p_cpu, p_rss, p_progress)
-            AS o(id, lease, result, wall_s, cpu_s, peak_rss, progress)
+        SELECT * FROM unnest(p_ids, p_leases, p_wall, p_cpu, p_rss)
+            AS o(id, lease, wall_s, cpu_s, peak_rss)
     ),
     moved AS (
         DELETE FROM awa.jobs_hot h USING o
@@ -142,8 +144,8 @@ BEGIN
                   h.attempt, h.max_attempts, h.lease, h.timeout_s, h.tags, h.metadata,
                   h.unique_key, h.lane, h.ordering_key, h.batch_id, h.supervisor_id,
                   h.attempted_at, h.crashes, h.errors, h.attempt_log,
-                  o.wall_s, o.cpu_s, o.peak_rss, coalesce(o.progress, h.progress) AS progress,
-                  o.result, h.callback_id, h.callback_timeout_at, h.callback_result
+                  o.wall_s, o.cpu_s, o.peak_rss, h.progress, h.callback_id,
+                  h.callback_timeout_at, h.callback_result
     )
     INSERT INTO awa.jobs_done (
         id, kind, queue, args, state, priority, run_at, created_at, attempt,
@@ -152,13 +154,15 @@ BEGIN
         finalized_at, crashes, errors, attempt_log, wall_s, cpu_s, peak_rss,
         progress, result, callback_id, callback_timeout_at, callback_result,
         dead_lettered, segment)
-    SELECT id, kind, queue, args, 'completed', priority, run_at, created_at, attempt,
+    SELECT m.id, kind, queue, args, 'completed', priority, run_at, created_at, attempt,
            max_attempts, lease, timeout_s, tags, metadata, unique_key, lane,
            ordering_key, batch_id, supervisor_id, attempted_at, NULL,
            now(), crashes, errors, attempt_log, wall_s, cpu_s, peak_rss,
-           progress, result, callback_id, callback_timeout_at, callback_result,
+           CASE WHEN x.e ? 'progress' THEN x.e->'progress' ELSE m.progress END,
+           x.e->'result', callback_id, callback_timeout_at, callback_result,
            false, (SELECT r.current FROM awa.done_ring r)
-      FROM moved;
+      FROM moved m
+      LEFT JOIN LATERAL (SELECT p_extra->(m.id::text) AS e) x ON true;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END $$;
@@ -166,8 +170,10 @@ END $$;
 -- Apply one outcome to a job row taken out of its table; returns the row as
 -- it must be stored next. Outcomes:
 --   completed, cancel, wait, snooze, released (never started: attempt given
---   back), and the failures failed, crash, timeout, retry, lost (supervisor
---   gone), deadline (rescued past its deadline), callback_timeout.
+--   back), interrupted (stopped by a shutdown: attempt given back, logged),
+--   and the failures failed, fatal (no retry can help), crash,
+--   timeout, retry, lost (supervisor gone), deadline (rescued past its
+--   deadline), callback_timeout.
 -- A failure retries with backoff until max_attempts, then fails (dead-letter
 -- when the queue has it). A job that crashed its child p_max_crashes times
 -- fails as poison.
@@ -182,7 +188,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_next    awa.job_state;
     v_ends    boolean := p_outcome <> 'released';
-    v_failure boolean := p_outcome IN ('failed', 'crash', 'timeout', 'retry', 'lost',
+    v_failure boolean := p_outcome IN ('failed', 'fatal', 'crash', 'timeout', 'retry', 'lost',
                                        'deadline', 'callback_timeout');
     v_error   text := p_error;
 BEGIN
@@ -197,8 +203,10 @@ BEGIN
         v_next := 'cancelled';
     ELSIF p_outcome = 'wait' THEN
         v_next := 'waiting_external';
-    ELSIF p_outcome IN ('snooze', 'released') THEN
+    ELSIF p_outcome IN ('snooze', 'released', 'interrupted') THEN
         v_next := CASE WHEN coalesce(p_delay_s, 0) > 0 THEN 'scheduled' ELSE 'available' END;
+    ELSIF p_outcome = 'fatal' THEN
+        v_next := 'failed';          -- retrying cannot help (bad args, bad result)
     ELSIF p_outcome = 'crash' AND j.crashes >= p_max_crashes THEN
         v_next := 'failed';
         v_error := coalesce(v_error, 'child died') || format(
@@ -231,9 +239,12 @@ BEGIN
                                    'finished_at', now(), 'outcome', p_outcome,
                                    'wall_seconds', p_wall, 'cpu_seconds', p_cpu,
                                    'peak_rss_bytes', p_rss)));
+            IF jsonb_array_length(j.attempt_log) > 100 THEN
+                j.attempt_log := j.attempt_log - 0;
+            END IF;
         END IF;
     END IF;
-    IF p_outcome IN ('snooze', 'released') THEN
+    IF p_outcome IN ('snooze', 'released', 'interrupted') THEN
         j.attempt := greatest(j.attempt - 1, 0);   -- this attempt does not count
     END IF;
 

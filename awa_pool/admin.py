@@ -1,0 +1,259 @@
+"""Admin and callback functions (SPEC §1), also behind the CLI.
+
+They run in the caller's transaction and never commit, like enqueue; the
+one exception is `wait`, which must see other transactions commit and so
+needs a connection outside any transaction.
+"""
+from __future__ import annotations
+
+import json
+import select
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+import psycopg2
+import psycopg2.extensions
+
+from .config import parse_duration
+from .db import cursor_for, psycopg2_connection
+from .errors import UnknownCallback
+from .job import JobRecord, JobState, check_name
+from .sql import QUERIES
+
+ALL_STATES = [state.value for state in JobState]
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """One queue's counts per state, pause flag and lag (age of its oldest
+    available job in seconds, 0 when none)."""
+
+    queue: str
+    available: int = 0
+    running: int = 0
+    scheduled: int = 0
+    retryable: int = 0
+    waiting_external: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    paused: bool = False
+    lag_seconds: float = 0.0
+
+
+def _records(cur: Any) -> List[JobRecord]:
+    names = [d.name for d in cur.description]
+    return [JobRecord.from_row(dict(zip(names, row))) for row in cur.fetchall()]
+
+
+def _check_id(job_id: Any) -> int:
+    if isinstance(job_id, bool) or not isinstance(job_id, int):
+        raise TypeError(f"job id must be an int, not {type(job_id).__name__}")
+    return job_id
+
+
+def get_job(conn: Any, job_id: int) -> Optional[JobRecord]:
+    """The job with this id, or None."""
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["get_job"], {"id": _check_id(job_id)})
+        records = _records(cur)
+    return records[0] if records else None
+
+
+def list_jobs(conn: Any, state: Optional[str] = None, queue: Optional[str] = None,
+              kind: Optional[str] = None, limit: int = 100, *, older_than: Any = None,
+              newer_than: Any = None) -> List[JobRecord]:
+    """Jobs matching every given filter, newest first. older_than/newer_than
+    are ages (seconds, timedelta or '2h') of the job's creation."""
+    if state is not None and str(state) not in ALL_STATES:
+        raise ValueError(f"unknown state {state!r}: use one of {', '.join(ALL_STATES)}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+    params = {
+        "state": str(state) if state is not None else None, "queue": queue, "kind": kind, "limit": limit,
+        "older_than_s": parse_duration(older_than, what="older_than") if older_than is not None else None,
+        "newer_than_s": parse_duration(newer_than, what="newer_than") if newer_than is not None else None,
+    }
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["list_jobs"], params)
+        return _records(cur)
+
+
+def cancel_job(conn: Any, job_id: int, reason: str = "cancelled by an operator") -> Optional[JobState]:
+    """Cancel a job that is not terminal yet; returns its state afterwards
+    (`cancelled`, or the terminal state it had reached), None for an unknown
+    id. A running job is cancelled at once; its handler sees
+    ctx.cancel_requested and its child is killed after the grace period."""
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["cancel_job"], {"id": _check_id(job_id), "reason": reason})
+        state = cur.fetchone()[0]
+    return JobState(state) if state is not None else None
+
+
+def retry_job(conn: Any, job_id: int) -> Optional[JobState]:
+    """Run a job again now (failed/cancelled jobs get fresh attempts);
+    returns its state afterwards, None for an unknown id."""
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["retry_job"], {"id": _check_id(job_id)})
+        state = cur.fetchone()[0]
+    return JobState(state) if state is not None else None
+
+
+def pause_queue(conn: Any, queue: str) -> None:
+    """Stop claiming from a queue (running jobs finish; enqueue still works)."""
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["pause_queue"], {"name": check_name(queue, "queue")})
+
+
+def resume_queue(conn: Any, queue: str) -> None:
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["resume_queue"], {"name": check_name(queue, "queue")})
+
+
+def queue_stats(conn: Any) -> List[QueueStats]:
+    """One QueueStats per known queue (with jobs, or configured), by name."""
+    counts: Dict[str, Dict[str, Any]] = {}
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["queue_counts"])
+        for queue, state, n, lag in cur.fetchall():
+            entry = counts.setdefault(queue, {})
+            entry[state] = entry.get(state, 0) + n
+            if lag is not None:
+                entry["lag_seconds"] = max(0.0, float(lag))
+        cur.execute(QUERIES["queue_flags"])
+        for name, paused, _shards, _dlq, _rate in cur.fetchall():
+            counts.setdefault(name, {})["paused"] = paused
+    return [QueueStats(queue=name, **values) for name, values in sorted(counts.items())]
+
+
+# -- callbacks ---------------------------------------------------------------------
+
+def _resolve(conn: Any, callback: str, action: str, payload: Any = None,
+             error: Optional[str] = None) -> JobState:
+    if not isinstance(callback, str) or not callback:
+        raise TypeError("callback must be the id string that ctx.register_callback() returned")
+    raw = psycopg2_connection(conn)
+    with cursor_for(conn) as cur:
+        savepoint = not raw.autocommit
+        if savepoint:
+            cur.execute(QUERIES["savepoint"])
+        try:
+            cur.execute(QUERIES["resolve_callback"], {
+                "callback": callback, "action": action, "error": error,
+                "payload": json.dumps(payload) if payload is not None else None})
+        except (psycopg2.errors.NoDataFound, psycopg2.errors.InvalidTextRepresentation) as exc:
+            if savepoint:
+                cur.execute(QUERIES["rollback_to_savepoint"])
+            message = exc.diag.message_primary or str(exc)
+            if isinstance(exc, psycopg2.errors.InvalidTextRepresentation):
+                message = f"unknown callback id {callback!r}"
+            raise UnknownCallback(message) from None
+        row = cur.fetchone()
+        if savepoint:
+            cur.execute(QUERIES["release_savepoint"])
+    return JobState(row[1])
+
+
+def complete_external(conn: Any, callback: str, payload: Any = None) -> JobState:
+    """The external work succeeded: the job completes with `payload` as result."""
+    return _resolve(conn, callback, "complete", payload)
+
+
+def fail_external(conn: Any, callback: str, error: str) -> JobState:
+    """The external work failed: a failed attempt (retried while attempts remain)."""
+    if not isinstance(error, str) or not error:
+        raise TypeError("error must be a non-empty string")
+    return _resolve(conn, callback, "fail", error=error)
+
+
+def retry_external(conn: Any, callback: str) -> JobState:
+    """Run the job's handler again now."""
+    return _resolve(conn, callback, "retry")
+
+
+def resume_external(conn: Any, callback: str, payload: Any = None) -> JobState:
+    """Run the handler again with ctx.callback_result == payload."""
+    return _resolve(conn, callback, "resume", payload)
+
+
+# -- dead-letter queue -------------------------------------------------------------
+
+def dlq_list(conn: Any, queue: Optional[str] = None, kind: Optional[str] = None,
+             limit: int = 100) -> List[JobRecord]:
+    """Dead-lettered jobs, most recent first."""
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["dlq_list"], {"queue": queue, "kind": kind, "limit": limit})
+        return _records(cur)
+
+
+def _dlq_filter(ids: Optional[Iterable[int]], queue: Optional[str], kind: Optional[str]) -> Dict[str, Any]:
+    id_list = [_check_id(i) for i in ids] if ids is not None else None
+    return {"ids": id_list, "queue": queue, "kind": kind}
+
+
+def dlq_retry(conn: Any, ids: Optional[Iterable[int]] = None, queue: Optional[str] = None,
+              kind: Optional[str] = None) -> int:
+    """Give dead-lettered jobs matching all filters fresh attempts; returns how many."""
+    params = _dlq_filter(ids, queue, kind)
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["dlq_ids"], params)
+        targets = [row[0] for row in cur.fetchall()]
+        for job_id in targets:
+            cur.execute(QUERIES["retry_job"], {"id": job_id})
+    return len(targets)
+
+
+def dlq_purge(conn: Any, ids: Optional[Iterable[int]] = None, queue: Optional[str] = None,
+              kind: Optional[str] = None, *, all: bool = False) -> int:
+    """Delete dead-lettered jobs matching all filters; returns how many.
+    With no filter at all, pass all=True."""
+    params = _dlq_filter(ids, queue, kind)
+    if params["ids"] is None and queue is None and kind is None and not all:
+        raise ValueError("dlq_purge with no filter would delete the whole dead-letter queue: "
+                         "pass ids, queue or kind, or all=True")
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["dlq_purge"], params)
+        return cur.rowcount
+
+
+# -- waiting -----------------------------------------------------------------------
+
+def wait(conn: Any, ids: Sequence[int], timeout: Optional[float] = None) -> List[JobRecord]:
+    """Block until every job in `ids` is terminal; return their records in
+    the order of `ids`. Wakes on the database's NOTIFY (no busy polling).
+    Raises TimeoutError after `timeout` seconds. `conn` must not be inside a
+    transaction (commit first): waiting needs to see other commits."""
+    wanted = [_check_id(i) for i in ids]
+    raw = psycopg2_connection(conn)
+    if raw.get_transaction_status() != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+        raise ValueError("wait() needs a connection outside a transaction: commit or roll back first")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    autocommit = raw.autocommit
+    raw.autocommit = True
+    try:
+        with raw.cursor() as cur:
+            cur.execute(QUERIES["listen_done"])
+            try:
+                while True:
+                    cur.execute(QUERIES["get_jobs"], {"ids": wanted})
+                    records = {record.id: record for record in _records(cur)}
+                    missing = [i for i in wanted if i not in records]
+                    if missing:
+                        raise ValueError(f"unknown job id(s): {missing[:10]}")
+                    if all(records[i].terminal for i in wanted):
+                        return [records[i] for i in wanted]
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        pending = [i for i in wanted if not records[i].terminal]
+                        raise TimeoutError(f"{len(pending)} job(s) not finished after {timeout:g}s "
+                                           f"(for example {pending[:5]})")
+                    # A NOTIFY per terminal transition wakes us; the 5 s cap
+                    # only bounds how long a lost notification could delay us.
+                    select.select([raw], [], [], min(5.0, remaining) if remaining is not None else 5.0)
+                    raw.poll()
+                    raw.notifies.clear()
+            finally:
+                cur.execute(QUERIES["unlisten_done"])
+    finally:
+        raw.autocommit = autocommit

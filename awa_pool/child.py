@@ -1,0 +1,206 @@
+"""A child process: receive jobs over the pipe, run them, send outcomes back.
+
+Holds no queue SQL and never uses a database connection inherited from the
+supervisor (their sockets are pointed at /dev/null right after fork). It
+leaves only through os._exit, so no inherited object's finalizer can run.
+It dies with its supervisor: parent-death signal, plus end of file on the
+pipe.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import random
+import signal
+import sys
+import time
+import traceback
+from typing import Any, List, Optional, Sequence
+
+from .execute import run as run_job
+from .protocol import (DONE, PROGRESS, READY, REPLY, REQUEST, RUN, STOP, JobSpec, Outcome,
+                       StatusBlock, recv_blocking, send)
+from .tasks import child_start_hooks
+
+EXIT_HOOK_FAILED = 73   # an on_child_start hook raised: the supervisor must not respawn
+FLUSH_AFTER_S = 0.002   # send buffered outcomes at least this often during a batch
+PROGRESS_EVERY_S = 0.05  # at most one progress message per job per interval
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: pipe EOF still ends the child
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _init_process(parent_pid: int, close_fds: Sequence[int], neutralize_fds: Sequence[int]) -> None:
+    _die_with_parent(parent_pid)
+    # The supervisor manages shutdown; a Ctrl-C or SIGTERM to the process
+    # group must not kill a child in the middle of a job.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    try:
+        signal.set_wakeup_fd(-1)
+    except ValueError:
+        pass
+    random.seed()
+    for fd in close_fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    if neutralize_fds:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in neutralize_fds:
+            try:
+                os.dup2(devnull, fd)  # keeps the fd number taken; drops the socket
+            except OSError:
+                pass
+        os.close(devnull)
+
+
+def _read_status() -> "tuple[Optional[int], Optional[int]]":
+    """(peak RSS since the last reset, current RSS) in bytes, from /proc."""
+    try:
+        fd = os.open("/proc/self/status", os.O_RDONLY)
+        try:
+            data = os.read(fd, 8192)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None, None
+    values = []
+    for key in (b"VmHWM:", b"VmRSS:"):
+        start = data.find(key)
+        if start < 0:
+            values.append(None)
+            continue
+        end = data.find(b"kB", start)
+        values.append(int(data[start + len(key):end]) * 1024)
+    return values[0], values[1]
+
+
+def _reset_peak_rss() -> None:
+    try:
+        fd = os.open("/proc/self/clear_refs", os.O_WRONLY)
+        try:
+            os.write(fd, b"5")  # "5" resets the peak RSS (VmHWM) of this process
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+class PipeChannel:
+    """The JobContext's way out: progress and requests over the pipe."""
+
+    def __init__(self, down_fd: int, up_fd: int, status: StatusBlock) -> None:
+        self.down_fd = down_fd
+        self.up_fd = up_fd
+        self.status = status
+        self.next_request = 0
+        self.stop_requested = False
+        self.last_progress: dict = {}
+
+    def progress(self, job_id: int, lease: int, progress_json: str) -> None:
+        now = time.monotonic()
+        if now - self.last_progress.get(job_id, 0.0) >= PROGRESS_EVERY_S:
+            self.last_progress[job_id] = now
+            send(self.up_fd, (PROGRESS, job_id, lease, progress_json))
+
+    def request(self, job_id: int, lease: int, method: str, payload: Any) -> Any:
+        self.next_request += 1
+        request_id = self.next_request
+        send(self.up_fd, (REQUEST, request_id, job_id, lease, method, payload))
+        while True:
+            message = recv_blocking(self.down_fd)
+            if message is None:
+                os._exit(0)  # the supervisor is gone
+            if message[0] == STOP:
+                self.stop_requested = True
+            elif message[0] == REPLY and message[1] == request_id:
+                ok, value = message[2], message[3]
+                if not ok:
+                    raise value if isinstance(value, BaseException) else RuntimeError(str(value))
+                return value
+
+    def cancel_requested(self, job_id: int) -> bool:
+        return self.status.cancel_requested_for(job_id)
+
+
+def _run_batch(jobs: List[tuple], channel: PipeChannel, status: StatusBlock, up_fd: int,
+               result_max_bytes: int) -> None:
+    pending: List[Outcome] = []
+    _reset_peak_rss()
+    last_flush = time.monotonic()
+
+    def flush() -> None:
+        nonlocal last_flush
+        peak, current = _read_status()
+        outcomes = [o._replace(peak_rss=peak) for o in pending] if peak is not None else list(pending)
+        send(up_fd, (DONE, outcomes, current))
+        pending.clear()
+        _reset_peak_rss()
+        last_flush = time.monotonic()
+
+    for fields in jobs:
+        job = JobSpec(*fields)
+        if status.cancel_requested_for(job.id):
+            pending.append(Outcome(job.id, job.lease, "released"))
+            continue
+        status.set_running(job.id, time.monotonic())
+        outcome = run_job(job, channel, result_max_bytes=result_max_bytes)
+        status.clear_running()
+        channel.last_progress.pop(job.id, None)
+        pending.append(outcome)
+        if time.monotonic() - last_flush >= FLUSH_AFTER_S:
+            flush()
+    if pending:
+        flush()
+
+
+def child_main(parent_pid: int, down_fd: int, up_fd: int, status: StatusBlock,
+               close_fds: Sequence[int], neutralize_fds: Sequence[int], result_max_bytes: int) -> None:
+    """Entry point of a forked child. Never returns."""
+    try:
+        _init_process(parent_pid, close_fds, neutralize_fds)
+        channel = PipeChannel(down_fd, up_fd, status)
+        try:
+            for hook in child_start_hooks():
+                hook()
+        except BaseException:
+            sys.stderr.write("awa_pool child %d: on_child_start hook failed:\n%s"
+                             % (os.getpid(), traceback.format_exc()))
+            sys.stderr.flush()
+            os._exit(EXIT_HOOK_FAILED)
+        send(up_fd, (READY, os.getpid()))
+        while not channel.stop_requested:
+            message = recv_blocking(down_fd)
+            if message is None or message[0] == STOP:
+                break
+            if message[0] == RUN:
+                _run_batch(message[1], channel, status, up_fd, result_max_bytes)
+    except BrokenPipeError:
+        pass  # the supervisor is gone
+    except BaseException:
+        try:
+            sys.stderr.write("awa_pool child %d crashed:\n%s" % (os.getpid(), traceback.format_exc()))
+            sys.stderr.flush()
+        finally:
+            os._exit(70)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(0)
+
+
+def dumps_progress(progress: Any) -> str:
+    return json.dumps(progress, separators=(",", ":"))

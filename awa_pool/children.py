@@ -1,0 +1,258 @@
+"""The supervisor's table of child processes: spawn (multiprocess, fork),
+hand out batches, read their messages, reap them and name each death.
+
+No database code: outcomes go back to the supervisor, which owns the queue.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import multiprocess
+
+from .child import EXIT_HOOK_FAILED, child_main
+from .protocol import (DONE, PROGRESS, READY, REQUEST, RUN, STOP, FrameReader, Outcome,
+                       StatusBlock, send)
+
+log = logging.getLogger(__name__)
+
+_fork = multiprocess.get_context("fork")
+
+
+@dataclass
+class InFlight:
+    """A job handed to a child and not yet reported back."""
+
+    id: int
+    lease: int
+    kind: str
+    queue: str
+    timeout_s: Optional[float]
+
+
+@dataclass
+class ChildHandle:
+    slot: int
+    process: "multiprocess.Process"
+    pid: int
+    down_fd: int
+    up_fd: int
+    reader: FrameReader
+    status: StatusBlock
+    started_at: float
+    recycle_after: Optional[int]
+    ready: bool = False
+    queue: Optional[str] = None
+    inflight: List[InFlight] = field(default_factory=list)
+    tasks_done: int = 0
+    rss: Optional[int] = None
+    stopping: bool = False
+    kill_reason: Optional[Tuple[str, str]] = None  # (outcome, error) for the running job
+    cancel_deadline: Optional[float] = None
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.inflight)
+
+    @property
+    def idle(self) -> bool:
+        return self.ready and not self.inflight and not self.stopping
+
+    def running_job(self) -> Tuple[int, float]:
+        """(job id, monotonic start) of the job running now, (0, _) if none."""
+        return self.status.running()
+
+
+def describe_exit(exitcode: Optional[int]) -> str:
+    """A child's death, in words (for job errors and logs)."""
+    if exitcode is None:
+        return "child process vanished"
+    if exitcode < 0:
+        signum = -exitcode
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        text = f"child process killed by {name} ({signum})"
+        if signum == signal.SIGKILL:
+            text += "; if no one sent it, the kernel's out-of-memory killer may have"
+        elif signum == signal.SIGSEGV:
+            text += " (segmentation fault in the handler or a C extension)"
+        return text
+    if exitcode == EXIT_HOOK_FAILED:
+        return "child process exited: an on_child_start hook failed"
+    return f"child process exited with code {exitcode}"
+
+
+class Children:
+    """All children of one supervisor."""
+
+    def __init__(self, count: int, *, result_max_bytes: int, max_tasks_per_child: Optional[int],
+                 inherited_fds: Callable[[], Tuple[Sequence[int], Sequence[int]]]) -> None:
+        self.count = count
+        self.result_max_bytes = result_max_bytes
+        self.max_tasks_per_child = max_tasks_per_child
+        self.inherited_fds = inherited_fds  # () -> (fds to close, db socket fds to neutralize)
+        self.by_slot: Dict[int, ChildHandle] = {}
+        self.spawned = 0
+        self.recycled = 0
+
+    # -- lifecycle -----------------------------------------------------------
+    def spawn(self, slot: int) -> ChildHandle:
+        down_r, down_w = os.pipe()
+        up_r, up_w = os.pipe()
+        status = StatusBlock()
+        close_fds, neutralize = self.inherited_fds()
+        siblings = [fd for child in self.by_slot.values() for fd in (child.down_fd, child.up_fd)]
+        close_in_child = list(close_fds) + siblings + [down_w, up_r]
+        process = _fork.Process(
+            target=child_main, name=f"awa-pool-child-{slot}", daemon=False,
+            args=(os.getpid(), down_r, up_w, status, close_in_child, list(neutralize),
+                  self.result_max_bytes))
+        process.start()
+        os.close(down_r)
+        os.close(up_w)
+        os.set_blocking(up_r, False)
+        recycle_after = None
+        if self.max_tasks_per_child:
+            # jitter so children started together do not all recycle together
+            recycle_after = self.max_tasks_per_child + random.randint(0, max(0, self.max_tasks_per_child // 10))
+        child = ChildHandle(slot=slot, process=process, pid=process.pid, down_fd=down_w, up_fd=up_r,
+                            reader=FrameReader(up_r), status=status, started_at=time.monotonic(),
+                            recycle_after=recycle_after)
+        self.by_slot[slot] = child
+        self.spawned += 1
+        return child
+
+    def all(self) -> List[ChildHandle]:
+        return list(self.by_slot.values())
+
+    def idle(self) -> List[ChildHandle]:
+        return [child for child in self.by_slot.values() if child.idle]
+
+    def busy_by_queue(self) -> Dict[str, int]:
+        counts: Dict[str, int] = {}
+        for child in self.by_slot.values():
+            if child.inflight and child.queue:
+                counts[child.queue] = counts.get(child.queue, 0) + 1
+        return counts
+
+    def inflight_leases(self) -> Dict[int, int]:
+        return {job.id: job.lease for child in self.by_slot.values() for job in child.inflight}
+
+    # -- work ----------------------------------------------------------------
+    def assign(self, child: ChildHandle, queue: str, rows: Sequence[tuple],
+               timeouts: Sequence[Optional[float]]) -> None:
+        """Send a batch of claimed rows (awa.claim columns) to an idle child;
+        `timeouts` are the effective per-job timeouts (row or task default)."""
+        child.queue = queue
+        child.inflight = [InFlight(row[0], row[7], row[1], row[2], timeout)
+                          for row, timeout in zip(rows, timeouts)]
+        send(child.down_fd, (RUN, list(rows)))
+
+    def read(self, child: ChildHandle) -> Tuple[List[Outcome], List[tuple]]:
+        """Messages from a child: (outcomes reported, other messages)."""
+        outcomes: List[Outcome] = []
+        others: List[tuple] = []
+        for message in child.reader.read_available():
+            tag = message[0]
+            if tag == DONE:
+                reported = message[1]
+                child.rss = message[2]
+                done_ids = {o.job_id for o in reported}
+                child.inflight = [job for job in child.inflight if job.id not in done_ids]
+                child.tasks_done += sum(1 for o in reported if o.outcome != "released")
+                outcomes.extend(reported)
+            elif tag == READY:
+                child.ready = True
+            elif tag in (PROGRESS, REQUEST):
+                others.append(message)
+            else:
+                log.warning("child %d sent an unknown message %r", child.pid, tag)
+        return outcomes, others
+
+    def reply(self, child: ChildHandle, message: tuple) -> None:
+        try:
+            send(child.down_fd, message)
+        except (BrokenPipeError, OSError):
+            pass  # it died; the reaper will handle it
+
+    def kill(self, child: ChildHandle, outcome: str, error: str) -> None:
+        """SIGKILL a child; its running job gets `outcome` with `error`."""
+        if child.kill_reason is None:
+            child.kill_reason = (outcome, error)
+        try:
+            os.kill(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, child: ChildHandle) -> None:
+        """Ask an idle child to exit (recycling, shutdown)."""
+        child.stopping = True
+        try:
+            send(child.down_fd, (STOP,))
+        except (BrokenPipeError, OSError):
+            pass
+
+    def should_recycle(self, child: ChildHandle, max_memory: Optional[int]) -> Optional[str]:
+        if child.recycle_after is not None and child.tasks_done >= child.recycle_after:
+            return f"ran {child.tasks_done} jobs (max tasks per child)"
+        if max_memory is not None and child.rss is not None and child.rss > max_memory:
+            return f"RSS {child.rss // (1024 * 1024)} MB is over the {max_memory // (1024 * 1024)} MB limit"
+        return None
+
+    def is_dead(self, child: ChildHandle) -> bool:
+        return child.process.exitcode is not None
+
+    def reap(self, child: ChildHandle) -> Tuple[List[Outcome], Optional[int], str]:
+        """Collect a dead child: outcomes it sent before dying, then one for
+        each job it still held: the job it was running gets the crash (or the
+        kill reason); jobs it never started are released. Returns (outcomes,
+        exit code, description)."""
+        outcomes, _ = self.read(child)
+        # The sentinel fires as the child's fds close, a moment before it can be reaped.
+        child.process.join(timeout=5)
+        exitcode = child.process.exitcode
+        cause = describe_exit(exitcode)
+        running_id, _ = child.running_job()
+        for job in child.inflight:
+            if job.id == running_id:
+                if child.kill_reason is not None:
+                    outcome, error = child.kill_reason
+                else:
+                    outcome, error = "crash", cause
+                outcomes.append(Outcome(job.id, job.lease, outcome, error=error))
+            else:
+                outcomes.append(Outcome(job.id, job.lease, "released"))
+        child.inflight = []
+        self._close(child)
+        del self.by_slot[child.slot]
+        return outcomes, exitcode, cause
+
+    def _close(self, child: ChildHandle) -> None:
+        for fd in (child.down_fd, child.up_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        child.status.close()
+        try:
+            child.process.close()
+        except ValueError:
+            pass
+
+    def signal_all(self, signum: int) -> None:
+        for child in self.by_slot.values():
+            try:
+                os.kill(child.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def sentinels(self) -> Iterable[Tuple[int, ChildHandle]]:
+        for child in self.by_slot.values():
+            yield child.process.sentinel, child

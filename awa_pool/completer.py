@@ -1,0 +1,188 @@
+"""Outcome batching: children's outcomes are buffered and written in a few
+lease-guarded statements (at ~200 pending or ~20 ms), so the success path
+costs no per-job SQL.
+
+A flush that fails keeps every entry for the next try: both statements are
+idempotent (a second application matches no row), so retrying after an
+unknown commit outcome is safe.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import psycopg2
+
+from .db import first_line, is_connection_error
+from .protocol import Outcome
+from .sql import QUERIES
+
+log = logging.getLogger(__name__)
+
+FLUSH_SIZE = 200
+FLUSH_INTERVAL_S = 0.02
+PROGRESS_INTERVAL_S = 1.0
+
+
+def _array(values) -> str:
+    """A Postgres array literal of numbers/NULLs (far cheaper than adapting a list)."""
+    return "{" + ",".join("NULL" if v is None else repr(v) for v in values) + "}"
+
+
+class Completer:
+    def __init__(self, max_crashes: int) -> None:
+        self.max_crashes = max_crashes
+        self.completed: List[Outcome] = []
+        self.others: List[Outcome] = []
+        self.progress: Dict[int, Tuple[int, str]] = {}
+        self.first_pending_at: Optional[float] = None
+        self.progress_due_at: Optional[float] = None
+        self.stats: Dict[str, int] = {}
+
+    def add(self, outcome: Outcome) -> None:
+        if outcome.outcome == "completed":
+            self.completed.append(outcome)
+        else:
+            self.others.append(outcome)
+        self.progress.pop(outcome.job_id, None)  # the outcome carries the final progress
+        if self.first_pending_at is None:
+            self.first_pending_at = time.monotonic()
+
+    def add_progress(self, job_id: int, lease: int, progress_json: str) -> None:
+        self.progress[job_id] = (lease, progress_json)
+        if self.progress_due_at is None:
+            self.progress_due_at = time.monotonic() + PROGRESS_INTERVAL_S
+
+    @property
+    def pending(self) -> int:
+        return len(self.completed) + len(self.others)
+
+    def next_due(self) -> Optional[float]:
+        times = [t for t in (
+            self.first_pending_at + FLUSH_INTERVAL_S if self.first_pending_at is not None else None,
+            self.progress_due_at) if t is not None]
+        return min(times) if times else None
+
+    def due(self, now: float) -> bool:
+        if self.pending >= FLUSH_SIZE:
+            return True
+        if self.first_pending_at is not None and now - self.first_pending_at >= FLUSH_INTERVAL_S:
+            return True
+        return self.progress_due_at is not None and now >= self.progress_due_at
+
+    def flush(self, cur: Any) -> List[Tuple[int, str]]:
+        """Write everything pending; returns [(job id, new state)] actually
+        applied (stale outcomes are silently dropped by the lease guard)."""
+        applied: List[Tuple[int, str]] = []
+        if self.completed:
+            applied += self._flush_completed(cur)
+        if self.others:
+            applied += self._flush_others(cur)
+        if self.progress:
+            self._flush_progress(cur)
+        self.first_pending_at = None
+        for _, state in applied:
+            self.stats[state] = self.stats.get(state, 0) + 1
+        return applied
+
+    def _flush_completed(self, cur: Any) -> List[Tuple[int, str]]:
+        batch = self.completed
+        extras = []
+        for o in batch:
+            if o.result is not None or o.progress is not None:
+                fields = []
+                if o.result is not None:
+                    fields.append('"result":' + o.result)
+                if o.progress is not None:
+                    fields.append('"progress":' + o.progress)
+                extras.append('"%d":{%s}' % (o.job_id, ",".join(fields)))
+        params = {
+            "ids": _array(o.job_id for o in batch), "leases": _array(o.lease for o in batch),
+            "wall": _array(round(o.wall_s, 6) for o in batch), "cpu": _array(round(o.cpu_s, 6) for o in batch),
+            "rss": _array(o.peak_rss for o in batch), "extra": "{" + ",".join(extras) + "}",
+        }
+        try:
+            cur.execute(QUERIES["complete_jobs"], params)
+        except psycopg2.Error as exc:
+            if is_connection_error(exc):
+                raise
+            # One value the database refuses must not block the others:
+            # settle them one by one, failing only the job it refuses.
+            log.warning("batch completion refused (%s); settling %d outcomes one by one",
+                        first_line(exc), len(batch))
+            self.completed = []
+            applied = []
+            for outcome in batch:
+                applied += self._settle_one(cur, outcome)
+            return applied
+        self.completed = []
+        return [(o.job_id, "completed") for o in batch]
+
+    def _flush_others(self, cur: Any) -> List[Tuple[int, str]]:
+        batch = self.others
+        try:
+            applied = self._settle(cur, batch)
+        except psycopg2.Error as exc:
+            if is_connection_error(exc):
+                raise
+            log.warning("batch settle refused (%s); settling %d outcomes one by one",
+                        first_line(exc), len(batch))
+            applied = []
+            for outcome in batch:
+                applied += self._settle_one(cur, outcome)
+        self.others = []
+        return applied
+
+    def _settle(self, cur: Any, outcomes: List[Outcome]) -> List[Tuple[int, str]]:
+        payload = json.dumps([settle_entry(o) for o in outcomes], ensure_ascii=False)
+        cur.execute(QUERIES["settle_jobs"], {"outcomes": payload, "max_crashes": self.max_crashes})
+        return [(row[0], row[1]) for row in cur.fetchall()]
+
+    def _settle_one(self, cur: Any, outcome: Outcome) -> List[Tuple[int, str]]:
+        try:
+            return self._settle(cur, [outcome])
+        except psycopg2.Error as exc:
+            if is_connection_error(exc):
+                raise
+            reason = first_line(exc)
+        log.warning("job %d: the database refused its outcome (%s); failing it", outcome.job_id, reason)
+        refused = outcome._replace(outcome="fatal", result=None, progress=None,
+                                   error=f"the database refused this job's outcome: {reason}")
+        try:
+            return self._settle(cur, [refused])
+        except psycopg2.Error as exc:
+            if is_connection_error(exc):
+                raise
+            log.error("job %d: could not record its outcome (%s); it will be released",
+                      outcome.job_id, first_line(exc))
+            return []
+
+    def _flush_progress(self, cur: Any) -> None:
+        items = list(self.progress.items())
+        cur.execute(QUERIES["write_progress"], {
+            "ids": _array(job_id for job_id, _ in items),
+            "leases": _array(lease for _, (lease, _) in items),
+            "progress": [text for _, (_, text) in items],
+        })
+        self.progress = {}
+        self.progress_due_at = None
+
+
+def settle_entry(outcome: Outcome) -> Dict[str, Any]:
+    entry: Dict[str, Any] = {"id": outcome.job_id, "lease": outcome.lease, "outcome": outcome.outcome,
+                             "wall_s": round(outcome.wall_s, 6), "cpu_s": round(outcome.cpu_s, 6)}
+    if outcome.peak_rss is not None:
+        entry["peak_rss"] = outcome.peak_rss
+    if outcome.error is not None:
+        entry["error"] = outcome.error
+    if outcome.traceback is not None:
+        entry["traceback"] = outcome.traceback
+    if outcome.delay_s is not None:
+        entry["delay_s"] = outcome.delay_s
+    if outcome.result is not None:
+        entry["result"] = json.loads(outcome.result)
+    if outcome.progress is not None:
+        entry["progress"] = json.loads(outcome.progress)
+    return entry

@@ -1,0 +1,109 @@
+"""Leader election: one supervisor holds a session advisory lock on its own
+connection and runs maintenance. When that session dies (process killed,
+connection terminated), the lock is free and another supervisor takes it
+within a second; a leader whose connection fails stops maintenance at once.
+
+Runs in a thread of the supervisor, so slow maintenance never delays
+claiming. The thread touches only its own connection.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Optional
+
+import psycopg2
+import psycopg2.extensions
+
+from .db import LOCK_CLASS, LOCK_LEADER, connect, first_line
+from .errors import DatabaseUnavailable
+from .maintenance import Maintenance
+from .sql import QUERIES
+
+log = logging.getLogger(__name__)
+
+CAMPAIGN_INTERVAL_S = 0.5
+
+
+class Leader:
+    def __init__(self, url: str, supervisor_id: int, maintenance: Maintenance,
+                 on_change: Optional[Callable[[bool], None]] = None) -> None:
+        self.url = url
+        self.supervisor_id = supervisor_id
+        self.maintenance = maintenance
+        self.on_change = on_change
+        self.conn: Optional[psycopg2.extensions.connection] = None
+        self._is_leader = False
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.changes = 0
+
+    @property
+    def is_leader(self) -> bool:
+        return self._is_leader
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="awa-pool-leader", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._drop_connection()
+
+    def _set_leader(self, value: bool) -> None:
+        if value != self._is_leader:
+            self._is_leader = value
+            self.changes += 1
+            if value:
+                log.info("supervisor %d is now the leader", self.supervisor_id)
+            else:
+                log.warning("supervisor %d lost leadership", self.supervisor_id)
+            if self.on_change is not None:
+                self.on_change(value)
+
+    def _drop_connection(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()  # ends the session: the advisory lock is released
+            except psycopg2.Error:
+                pass
+        self.conn = None
+        self._set_leader(False)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            wait = CAMPAIGN_INTERVAL_S
+            try:
+                wait = self.step()
+            except (psycopg2.Error, DatabaseUnavailable) as exc:
+                log.warning("leader connection failed: %s", first_line(exc))
+                self._drop_connection()
+                wait = 1.0
+            except Exception:  # a bug in a service must not kill the thread silently
+                log.exception("maintenance failed")
+                wait = 1.0
+            self._stop.wait(max(0.01, wait))
+
+    def step(self) -> float:
+        """One pass: connect, campaign or run due maintenance. Returns how long
+        to wait before the next pass."""
+        if self.conn is None or self.conn.closed:
+            self.conn = connect(self.url, autocommit=True, connect_timeout=5)
+            with self.conn.cursor() as cur:
+                cur.execute(QUERIES["maintenance_session"])
+        with self.conn.cursor() as cur:
+            if not self._is_leader:
+                cur.execute(QUERIES["try_leader_lock"], {"class": LOCK_CLASS, "key": LOCK_LEADER})
+                if not cur.fetchone()[0]:
+                    return CAMPAIGN_INTERVAL_S
+                cur.execute(QUERIES["mark_leader"], {"id": self.supervisor_id})
+                self.maintenance.reset()
+                self._set_leader(True)
+            started = time.monotonic()
+            wait = self.maintenance.run_due(cur)
+            if time.monotonic() - started > 5:
+                log.info("maintenance pass took %.1fs", time.monotonic() - started)
+            return min(wait, CAMPAIGN_INTERVAL_S)

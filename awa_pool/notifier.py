@@ -1,0 +1,68 @@
+"""The LISTEN connection: wake-ups for queues with new jobs, and cancel
+requests for running jobs. Its fileno() goes into the supervisor's selector.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import List, Optional, Set, Tuple
+
+import psycopg2
+import psycopg2.extensions
+
+from .db import connect
+from .sql import QUERIES
+
+log = logging.getLogger(__name__)
+
+JOBS_CHANNEL = "awa_jobs"
+CANCEL_CHANNEL = "awa_cancel"
+
+
+class Notifier:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.conn: Optional[psycopg2.extensions.connection] = None
+
+    def open(self) -> None:
+        conn = connect(self.url, autocommit=True, connect_timeout=5)
+        with conn.cursor() as cur:
+            cur.execute(QUERIES["listen"])
+        self.conn = conn
+
+    @property
+    def connected(self) -> bool:
+        return self.conn is not None and not self.conn.closed
+
+    def fileno(self) -> int:
+        assert self.conn is not None
+        return self.conn.fileno()
+
+    def drain(self) -> Tuple[Set[str], List[Tuple[int, Optional[int]]]]:
+        """(queues with new jobs, [(job id, lease)] whose cancel was requested).
+
+        Raises psycopg2 errors when the connection is gone.
+        """
+        assert self.conn is not None
+        self.conn.poll()
+        queues: Set[str] = set()
+        cancels: List[Tuple[int, Optional[int]]] = []
+        for note in self.conn.notifies:
+            if note.channel == JOBS_CHANNEL:
+                queues.add(note.payload)
+            elif note.channel == CANCEL_CHANNEL:
+                try:
+                    data = json.loads(note.payload)
+                    cancels.append((int(data["id"]), data.get("lease")))
+                except (ValueError, KeyError, TypeError):
+                    log.warning("ignoring a malformed cancel notification %r", note.payload)
+        self.conn.notifies.clear()
+        return queues, cancels
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except psycopg2.Error:
+                pass
+        self.conn = None

@@ -1,0 +1,198 @@
+"""The pipe protocol between a supervisor and its children. No I/O policy
+here beyond framing: messages are tuples, pickled (pipes are private to one
+supervisor and its own forks), each frame prefixed with its length.
+
+Down (supervisor -> child):
+    (RUN, [job, ...])                 run these jobs in order
+    (REPLY, request_id, ok, value)    answer to a REQUEST
+    (STOP,)                           exit after the current batch
+Up (child -> supervisor):
+    (READY, pid)                      start hooks ran; ready for work
+    (DONE, [outcome, ...], rss)       outcomes in run order, child RSS now
+    (PROGRESS, job_id, lease, json)   latest progress of a running job
+    (REQUEST, request_id, job_id, lease, method, payload)
+"""
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import struct
+from typing import Any, List, NamedTuple, Optional, Tuple
+
+RUN, REPLY, STOP = 1, 2, 3
+READY, DONE, PROGRESS, REQUEST = 10, 11, 12, 13
+
+_HEADER = struct.Struct("!I")
+MAX_FRAME = 256 * 1024 * 1024
+
+
+class JobSpec(NamedTuple):
+    """A claimed job as the child receives it (columns of awa.claim)."""
+
+    id: int
+    kind: str
+    queue: str
+    args: str            # JSON text: the child parses it, not the supervisor
+    priority: int
+    attempt: int
+    max_attempts: int
+    lease: int
+    timeout_s: Optional[float]
+    tags: Optional[List[str]]
+    metadata: str        # JSON text
+    created_at: float    # epoch seconds
+    run_at: float
+    progress: Optional[str]
+    callback_result: Optional[str]
+    batch_id: Optional[int]
+
+
+class Outcome(NamedTuple):
+    """How one attempt ended. `outcome` is one of the SQL outcome names."""
+
+    job_id: int
+    lease: int
+    outcome: str                     # completed, failed, fatal, retry, snooze, cancel, wait, ...
+    result: Optional[str] = None     # JSON text of the handler's return value
+    error: Optional[str] = None
+    traceback: Optional[str] = None
+    delay_s: Optional[float] = None
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    peak_rss: Optional[int] = None
+    progress: Optional[str] = None   # JSON text of the last progress
+
+
+def encode(message: Tuple[Any, ...]) -> bytes:
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(body)) + body
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except InterruptedError:
+            continue
+        view = view[written:]
+
+
+def send(fd: int, message: Tuple[Any, ...]) -> None:
+    write_all(fd, encode(message))
+
+
+def _read_exact(fd: int, size: int) -> Optional[bytes]:
+    chunks = []
+    while size:
+        try:
+            chunk = os.read(fd, min(size, 1 << 20))
+        except InterruptedError:
+            continue
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def recv_blocking(fd: int) -> Optional[Tuple[Any, ...]]:
+    """Read one message; None at end of file (the other side is gone)."""
+    header = _read_exact(fd, _HEADER.size)
+    if header is None:
+        return None
+    (size,) = _HEADER.unpack(header)
+    if size > MAX_FRAME:
+        raise ValueError(f"frame of {size} bytes exceeds the protocol limit")
+    body = _read_exact(fd, size)
+    if body is None:
+        return None
+    return pickle.loads(body)
+
+
+class FrameReader:
+    """Non-blocking reader: feed it what the pipe has, get whole messages."""
+
+    __slots__ = ("fd", "buffer", "eof")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = bytearray()
+        self.eof = False
+
+    def read_available(self) -> List[Tuple[Any, ...]]:
+        """Drain the pipe (it must be non-blocking) and parse complete frames."""
+        while True:
+            try:
+                chunk = os.read(self.fd, 1 << 20)
+            except BlockingIOError:
+                break
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                if exc.errno in (errno.EBADF, errno.EIO):
+                    self.eof = True
+                    break
+                raise
+            if not chunk:
+                self.eof = True
+                break
+            self.buffer += chunk
+            if len(chunk) < (1 << 20):
+                break
+        return self._parse()
+
+    def _parse(self) -> List[Tuple[Any, ...]]:
+        messages = []
+        buffer = self.buffer
+        offset = 0
+        size_len = _HEADER.size
+        while len(buffer) - offset >= size_len:
+            (size,) = _HEADER.unpack_from(buffer, offset)
+            end = offset + size_len + size
+            if len(buffer) < end:
+                break
+            messages.append(pickle.loads(bytes(buffer[offset + size_len:end])))
+            offset = end
+        if offset:
+            del buffer[:offset]
+        return messages
+
+
+class StatusBlock:
+    """A few words of memory shared between a supervisor and one child.
+
+    The child records which job it is running and since when (so the
+    supervisor can enforce timeouts and name the victim of a crash without
+    a message per job); the supervisor posts cancel requests.
+    """
+
+    SIZE = 32
+    _RUNNING = struct.Struct("q")   # offset 0: job id running now (0 = none)
+    _STARTED = struct.Struct("d")   # offset 8: its start, time.monotonic()
+    _CANCEL = struct.Struct("q")    # offset 16: job id whose cancel was requested
+
+    def __init__(self) -> None:
+        import mmap
+
+        self.memory = mmap.mmap(-1, self.SIZE)  # anonymous and shared across fork
+
+    def set_running(self, job_id: int, started: float) -> None:
+        self._STARTED.pack_into(self.memory, 8, started)
+        self._RUNNING.pack_into(self.memory, 0, job_id)
+
+    def clear_running(self) -> None:
+        self._RUNNING.pack_into(self.memory, 0, 0)
+
+    def running(self) -> Tuple[int, float]:
+        return self._RUNNING.unpack_from(self.memory, 0)[0], self._STARTED.unpack_from(self.memory, 8)[0]
+
+    def request_cancel(self, job_id: int) -> None:
+        self._CANCEL.pack_into(self.memory, 16, job_id)
+
+    def cancel_requested_for(self, job_id: int) -> bool:
+        return self._CANCEL.unpack_from(self.memory, 16)[0] == job_id
+
+    def close(self) -> None:
+        self.memory.close()

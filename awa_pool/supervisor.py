@@ -1,0 +1,725 @@
+"""The supervisor: one process, one select loop over the LISTEN connection,
+the children's pipes and process sentinels, and a signal wakeup fd.
+
+It imports the app once before forking, reserves idle children before
+claiming, claims one batch per queue plan, hands batches down the pipes,
+buffers outcomes and writes them in lease-guarded batches. Signal handlers
+only record the signal; the loop acts on it. A lost database connection is
+retried with backoff while the children keep running.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import random
+import selectors
+import signal
+import socket
+import time
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import psycopg2
+import psycopg2.extensions
+from tenacity import RetryCallState, wait_exponential_jitter
+
+from . import dispatcher, fetcher
+from .child import EXIT_HOOK_FAILED
+from .children import ChildHandle, Children
+from .completer import Completer
+from .config import PoolConfig, QueueConfig
+from .db import connect, describe, first_line, is_connection_error
+from .errors import AwaError, ConfigError, UnknownCallback
+from .job import JobRecord
+from .leader import Leader
+from .maintenance import Maintenance, default_services
+from .migrate import require_current
+from .notifier import Notifier
+from .protocol import PROGRESS, REPLY, REQUEST, Outcome
+from .sql import QUERIES
+from .tasks import all_tasks, import_app, registered
+from .version import __version__
+
+log = logging.getLogger(__name__)
+
+STARTING, RUNNING, DRAINING, STOPPING, STOPPED = "starting", "running", "draining", "stopping", "stopped"
+TARGET_BATCH_S = 0.004       # a child's batch of short jobs should take about this long
+EWMA_ALPHA = 0.2
+SETTINGS_REFRESH_S = 5.0
+RECONCILE_INTERVAL_S = 30.0
+FINAL_FLUSH_TIMEOUT_S = 10.0
+
+
+class Supervisor:
+    def __init__(self, config: PoolConfig) -> None:
+        self.config = config
+        self.state = STARTING
+        self.hostname = socket.gethostname()
+        self.pid = os.getpid()
+        self.supervisor_id: Optional[int] = None
+        self.conn: Optional[psycopg2.extensions.connection] = None
+        self.notifier = Notifier(config.dsn)
+        self.listen_ok = True
+        self.completer = Completer(config.max_crashes)
+        self.children = Children(config.workers, result_max_bytes=config.result_max_bytes,
+                                 max_tasks_per_child=config.max_tasks_per_child,
+                                 inherited_fds=self._inherited_fds)
+        self.selector = selectors.DefaultSelector()
+        self.queues: Dict[str, QueueConfig] = {}
+        self.has_work: Dict[str, bool] = {}
+        self.blocked_until: Dict[str, float] = {}
+        self.job_seconds: Dict[str, float] = {}
+        self.shards: Dict[str, int] = {}
+        self.lane_cursor = random.randrange(1 << 16)
+        self.leader: Optional[Leader] = None
+        self.signals: List[int] = []
+        self.wakeup_r = self.wakeup_w = -1
+        self.exit_code = 0
+        self.fatal: Optional[str] = None
+        self.drain_deadline: Optional[float] = None
+        self.stop_deadline: Optional[float] = None
+        self.db_lost_at: Optional[float] = None
+        self.reconnect_at = 0.0
+        self.reconnect_attempts = 0
+        self._backoff = wait_exponential_jitter(initial=0.2, max=5.0)
+        now = time.monotonic()
+        self.next_heartbeat = now
+        self.next_poll = now
+        self.next_settings = now
+        self.next_reconcile = now + RECONCILE_INTERVAL_S
+        self.on_outcome: Optional[Callable[[str, Outcome], None]] = None
+        self.on_event: Optional[Callable[[str, Dict[str, Any]], None]] = None
+        self.counters: Dict[str, int] = {}
+
+    # -- start-up ------------------------------------------------------------
+    def run(self) -> int:
+        """Run until shut down; returns the process exit code."""
+        try:
+            self._start()
+            while self.state != STOPPED:
+                self.tick()
+        finally:
+            self._cleanup()
+        return self.exit_code
+
+    def _start(self) -> None:
+        if self.config.app:
+            import_app(self.config.app)
+        self.queues = self._served_queues()
+        for name in self.queues:
+            self.has_work[name] = True
+        self.conn = self._connect_at_start()
+        require_current(self.conn)
+        with self.conn.cursor() as cur:
+            cur.execute(QUERIES["register_supervisor"], {
+                "hostname": self.hostname, "pid": self.pid, "version": __version__,
+                "queues": sorted(self.queues), "workers": self.config.workers})
+            self.supervisor_id = cur.fetchone()[0]
+            for name, queue in self.queues.items():
+                cur.execute(QUERIES["configure_queue"], {"name": name, "dlq": queue.dlq, "rate": queue.rate})
+        self._refresh_settings()
+        self.notifier.open()
+        self.listen_ok = self._probe_listen()
+        self._install_signals()
+        self.selector.register(self.notifier.fileno(), selectors.EVENT_READ, ("notify", None))
+        warnings.filterwarnings("ignore", message=".*multi-threaded.*fork.*", category=DeprecationWarning)
+        for slot in range(self.config.workers):
+            self._spawn(slot)
+        if self.config.leader:
+            services = default_services(heartbeat_staleness=self.config.heartbeat_staleness)
+            self.leader = Leader(self.config.dsn, self.supervisor_id, Maintenance(services))
+            self.leader.start()
+        self.state = RUNNING
+        log.info("supervisor %d started: %d children, queues %s, database %s", self.supervisor_id,
+                 self.config.workers, ", ".join(sorted(self.queues)), describe(self.config.dsn))
+        self._event("started", {"supervisor_id": self.supervisor_id})
+
+    def _served_queues(self) -> Dict[str, QueueConfig]:
+        queues = dict(self.config.queues)
+        if not queues:
+            for declared in all_tasks().values():
+                queues.setdefault(declared.queue, QueueConfig())
+        if not queues:
+            raise ConfigError("nothing to serve: no --queue given and the app registers no tasks")
+        return queues
+
+    def _connect_at_start(self) -> psycopg2.extensions.connection:
+        conn = connect(self.config.dsn, autocommit=True, retry_for=self.config.connect_timeout,
+                       connect_timeout=max(1, int(min(10, self.config.connect_timeout or 1))))
+        with conn.cursor() as cur:
+            cur.execute(QUERIES["worker_session"])
+        return conn
+
+    def _probe_listen(self) -> bool:
+        """LISTEN needs a session; behind a transaction-mode pooler it silently
+        never fires. Send ourselves a NOTIFY and fall back to polling if it
+        does not come back."""
+        assert self.conn is not None
+        with self.conn.cursor() as cur:
+            cur.execute(QUERIES["probe_notify"])
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            if _wait_readable(self.notifier.fileno(), deadline - time.monotonic()):
+                self.notifier.conn.poll()
+                if any(n.channel == "awa_jobs" and n.payload == "" for n in self.notifier.conn.notifies):
+                    self.notifier.conn.notifies[:] = [
+                        n for n in self.notifier.conn.notifies if n.payload != ""]
+                    return True
+        log.warning("LISTEN/NOTIFY does not reach this supervisor (a transaction-mode connection "
+                    "pooler?); falling back to polling every %.1fs", self.config.poll_interval)
+        return False
+
+    def _install_signals(self) -> None:
+        self.wakeup_r, self.wakeup_w = os.pipe()
+        os.set_blocking(self.wakeup_r, False)
+        os.set_blocking(self.wakeup_w, False)
+        signal.set_wakeup_fd(self.wakeup_w, warn_on_full_buffer=False)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(signum, self._record_signal)
+        self.selector.register(self.wakeup_r, selectors.EVENT_READ, ("wakeup", None))
+
+    def _record_signal(self, signum: int, frame: Any) -> None:
+        # Only record: the loop acts on it (no logging or I/O in a handler).
+        if signum != signal.SIGCHLD:
+            self.signals.append(signum)
+
+    def _inherited_fds(self) -> Tuple[List[int], List[int]]:
+        """(fds a new child must close, database sockets it must neutralize)."""
+        close = [fd for fd in (self.wakeup_r, self.wakeup_w) if fd >= 0]
+        sockets = []
+        for conn in (self.conn, self.notifier.conn, self.leader.conn if self.leader else None):
+            if conn is not None and not conn.closed:
+                try:
+                    sockets.append(conn.fileno())
+                except psycopg2.Error:
+                    pass
+        return close, sockets
+
+    def _spawn(self, slot: int) -> ChildHandle:
+        child = self.children.spawn(slot)
+        self.selector.register(child.up_fd, selectors.EVENT_READ, ("child", child))
+        self.selector.register(child.process.sentinel, selectors.EVENT_READ, ("sentinel", child))
+        return child
+
+    # -- the loop --------------------------------------------------------------
+    def tick(self, max_wait: Optional[float] = None) -> None:
+        """One iteration: wait for events (bounded), then act on everything due."""
+        timeout = self._next_timeout()
+        if max_wait is not None:
+            timeout = min(timeout, max_wait)
+        for key, _ in self.selector.select(timeout):
+            kind, child = key.data
+            if kind == "child":
+                self._on_child_readable(child)
+            elif kind == "sentinel":
+                self._on_child_exit(child)
+            elif kind == "notify":
+                self._on_notify()
+            elif kind == "wakeup":
+                self._drain_wakeup()
+        self._handle_signals()
+        now = time.monotonic()
+        self._enforce_deadlines(now)
+        if self.conn is None:
+            self._maybe_reconnect(now)
+        self._maintain_children()
+        if self.conn is not None and (self.completer.due(now) or (self.completer.pending and self._idle_loop())):
+            self._flush()
+        if now >= self.next_heartbeat and self.conn is not None:
+            self._heartbeat(now)
+        if now >= self.next_poll:
+            self._poll(now)
+        if self.state == RUNNING and self.conn is not None:
+            self._dispatch()
+        if self.state in (DRAINING, STOPPING):
+            self._advance_shutdown(time.monotonic())
+
+    def _idle_loop(self) -> bool:
+        return not any(child.busy for child in self.children.all())
+
+    def _next_timeout(self) -> float:
+        now = time.monotonic()
+        candidates = [self.next_heartbeat, self.next_poll]
+        due = self.completer.next_due()
+        if due is not None:
+            candidates.append(due)
+        if self.conn is None:
+            candidates.append(self.reconnect_at)
+        for child in self.children.all():
+            if child.busy:
+                candidates.append(now + 0.05)  # timeouts and cancel graces are checked at 20 Hz
+                break
+        if self.state in (DRAINING, STOPPING):
+            candidates.append(now + 0.05)
+        return max(0.0, min(candidates) - now)
+
+    # -- children ----------------------------------------------------------------
+    def _on_child_readable(self, child: ChildHandle) -> None:
+        if child.slot not in self.children.by_slot or self.children.by_slot[child.slot] is not child:
+            return
+        outcomes, others = self.children.read(child)
+        for outcome in outcomes:
+            self._record_outcome(child.queue, outcome)
+        for message in others:
+            if message[0] == PROGRESS:
+                self.completer.add_progress(message[1], message[2], message[3])
+            elif message[0] == REQUEST:
+                self._answer(child, message)
+        if child.idle:
+            reason = self.children.should_recycle(child, self.config.max_memory_per_child)
+            if reason and self.state == RUNNING:
+                log.info("recycling child %d: %s", child.pid, reason)
+                self._count("recycled")
+                self._event("recycle", {"pid": child.pid, "reason": reason})
+                self.children.stop(child)
+
+    def _record_outcome(self, queue: Optional[str], outcome: Outcome) -> None:
+        if queue and outcome.outcome in ("completed", "failed", "retry", "snooze", "cancel"):
+            previous = self.job_seconds.get(queue)
+            value = outcome.wall_s
+            self.job_seconds[queue] = value if previous is None else (
+                previous + EWMA_ALPHA * (value - previous))
+        self.completer.add(outcome)
+        self._count(outcome.outcome)
+        if self.on_outcome is not None:
+            self.on_outcome(queue or "", outcome)
+
+    def _on_child_exit(self, child: ChildHandle) -> None:
+        if self.children.by_slot.get(child.slot) is not child:
+            return
+        for fd in (child.up_fd, child.process.sentinel):
+            try:
+                self.selector.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+        expected = child.stopping
+        killed = child.kill_reason
+        queue = child.queue
+        outcomes, exitcode, cause = self.children.reap(child)
+        for outcome in outcomes:
+            self._record_outcome(queue, outcome)
+        if exitcode == EXIT_HOOK_FAILED:
+            self.fatal = "an on_child_start hook failed in a new child (see its traceback above)"
+            log.error("%s; stopping instead of respawning", self.fatal)
+            self.exit_code = 3
+            self._begin_stop()
+        elif expected and exitcode == 0:
+            log.debug("child %d exited after its stop request", child.pid)
+        else:
+            victim = next((o.job_id for o in outcomes if o.outcome not in ("released", "completed")), None)
+            if killed is not None:
+                log.warning("child %d killed (%s)%s", child.pid, killed[1],
+                            f" while running job {victim}" if victim else "")
+            else:
+                log.warning("child %d died: %s%s", child.pid, cause,
+                            f" while running job {victim}" if victim else "")
+            self._count("child_died")
+            self._event("child_died", {"pid": child.pid, "cause": killed[1] if killed else cause,
+                                       "job_id": victim})
+
+    def _maintain_children(self) -> None:
+        if self.state != RUNNING:
+            return
+        for slot in range(self.config.workers):
+            if slot not in self.children.by_slot:
+                self._spawn(slot)
+
+    def _enforce_deadlines(self, now: float) -> None:
+        for child in self.children.all():
+            if not child.busy or child.kill_reason is not None:
+                continue
+            job_id, started = child.running_job()
+            if job_id:
+                job = next((j for j in child.inflight if j.id == job_id), None)
+                if job is not None and job.timeout_s and now - started > job.timeout_s:
+                    self._count("timed_out")
+                    self.children.kill(child, "timeout", f"timed out after {job.timeout_s:g}s: "
+                                                         "the child running it was killed")
+                    continue
+            if child.cancel_deadline is not None and now >= child.cancel_deadline:
+                if job_id and child.status.cancel_requested_for(job_id):
+                    self.children.kill(child, "released", "cancelled: the handler did not stop "
+                                                          "within the grace period")
+                child.cancel_deadline = None
+
+    def _answer(self, child: ChildHandle, message: tuple) -> None:
+        _, request_id, job_id, lease, method, payload = message
+        try:
+            value = self._db_required(lambda cur: self._request(cur, job_id, lease, method, payload))
+            reply = (REPLY, request_id, True, value)
+        except Exception as exc:  # the handler gets the error raised in its own code
+            reply = (REPLY, request_id, False, exc if isinstance(exc, AwaError) else AwaError(str(exc)))
+        self.children.reply(child, reply)
+
+    def _request(self, cur: Any, job_id: int, lease: int, method: str, payload: Any) -> Any:
+        if method == "register_callback":
+            cur.execute(QUERIES["register_callback"], {"id": job_id, "lease": lease, "timeout_s": payload})
+            row = cur.fetchone()
+            if row is None:
+                raise UnknownCallback(f"job {job_id} is no longer running under this attempt")
+            return row[0]
+        if method == "batch_results":
+            if payload is None:
+                raise AwaError("batch_results() is only available in a batch's follow-up job")
+            cur.execute(QUERIES["batch_members"], {"batch_id": payload})
+            names = [d.name for d in cur.description]
+            return [JobRecord.from_row(dict(zip(names, row))) for row in cur.fetchall()]
+        raise AwaError(f"unknown request {method!r}")
+
+    # -- database ----------------------------------------------------------------
+    def _db_required(self, fn: Callable[[Any], Any]) -> Any:
+        if self.conn is None:
+            raise AwaError("the database is unreachable right now")
+        try:
+            with self.conn.cursor() as cur:
+                return fn(cur)
+        except psycopg2.Error as exc:
+            if is_connection_error(exc) or self.conn.closed:
+                self._lost_db(exc)
+            raise
+
+    def _db(self, what: str, fn: Callable[[Any], Any]) -> Any:
+        """Run fn(cursor); on a lost connection start reconnecting and return None."""
+        if self.conn is None:
+            return None
+        try:
+            with self.conn.cursor() as cur:
+                return fn(cur)
+        except psycopg2.Error as exc:
+            if is_connection_error(exc) or self.conn.closed:
+                self._lost_db(exc)
+            else:
+                log.error("%s failed: %s", what, first_line(exc))
+            return None
+
+    def _lost_db(self, exc: BaseException) -> None:
+        if self.db_lost_at is None:
+            self.db_lost_at = time.monotonic()
+            log.warning("lost the database connection (%s); retrying with backoff while children "
+                        "keep running", first_line(exc))
+            self._count("db_disconnects")
+            self._event("db_lost", {"error": first_line(exc)})
+        for conn in (self.conn,):
+            if conn is not None:
+                try:
+                    conn.close()
+                except psycopg2.Error:
+                    pass
+        self.conn = None
+        if self.notifier.connected:
+            try:
+                self.selector.unregister(self.notifier.fileno())
+            except (KeyError, ValueError, psycopg2.Error):
+                pass
+        self.notifier.close()
+        self.reconnect_attempts = 0
+        self.reconnect_at = time.monotonic()
+
+    def _maybe_reconnect(self, now: float) -> None:
+        if now < self.reconnect_at:
+            return
+        self.reconnect_attempts += 1
+        try:
+            conn = connect(self.config.dsn, autocommit=True, connect_timeout=3)
+            with conn.cursor() as cur:
+                cur.execute(QUERIES["worker_session"])
+            self.notifier.open()
+        except (AwaError, psycopg2.Error) as exc:
+            self.notifier.close()
+            state = RetryCallState(None, None, (), {})
+            state.attempt_number = self.reconnect_attempts
+            delay = self._backoff(state)
+            self.reconnect_at = now + delay
+            log.debug("reconnect attempt %d failed (%s); next in %.1fs", self.reconnect_attempts,
+                      first_line(exc), delay)
+            return
+        self.conn = conn
+        self.selector.register(self.notifier.fileno(), selectors.EVENT_READ, ("notify", None))
+        outage = now - (self.db_lost_at or now)
+        self.db_lost_at = None
+        log.info("reconnected to the database after %.1fs", outage)
+        self._event("db_reconnected", {"outage_s": round(outage, 3)})
+        for name in self.queues:
+            self.has_work[name] = True
+        self._flush()
+        self._reconcile()
+        self.next_heartbeat = now
+
+    def _flush(self) -> None:
+        self._db("writing outcomes", self.completer.flush)
+
+    def _reconcile(self) -> None:
+        """Release jobs the database says this supervisor runs but no child
+        holds (a claim that committed while its reply was lost)."""
+        if self.conn is None or self.supervisor_id is None:
+            return
+        rows = self._db("reconciling", lambda cur: (cur.execute(
+            QUERIES["my_running_jobs"], {"id": self.supervisor_id}), cur.fetchall())[1])
+        if not rows:
+            return
+        held = self.children.inflight_leases()
+        pending = {o.job_id for o in self.completer.completed + self.completer.others}
+        orphans = [(job_id, lease) for job_id, lease in rows
+                   if held.get(job_id) != lease and job_id not in pending]
+        if orphans:
+            log.warning("releasing %d job(s) claimed by this supervisor but held by no child", len(orphans))
+            for job_id, lease in orphans:
+                self.completer.add(Outcome(job_id, lease, "released"))
+            self._flush()
+
+    def _heartbeat(self, now: float) -> None:
+        self.next_heartbeat = now + self.config.heartbeat_interval
+        stats = json.dumps(self.stats())
+
+        def beat(cur: Any) -> None:
+            cur.execute(QUERIES["heartbeat"], {
+                "id": self.supervisor_id, "hostname": self.hostname, "pid": self.pid,
+                "version": __version__, "queues": sorted(self.queues), "workers": self.config.workers,
+                "stats": stats})
+
+        self._db("heartbeat", beat)
+        if now >= self.next_reconcile:
+            self.next_reconcile = now + RECONCILE_INTERVAL_S
+            self._reconcile()
+
+    def stats(self) -> Dict[str, Any]:
+        children = self.children.all()
+        return {
+            "state": self.state, "children": len(children),
+            "busy": sum(1 for c in children if c.busy), "idle": sum(1 for c in children if c.idle),
+            "leader": bool(self.leader and self.leader.is_leader),
+            "busy_by_queue": self.children.busy_by_queue(), "counters": dict(self.counters),
+            "rss": {str(c.pid): c.rss for c in children if c.rss},
+            "listen": self.listen_ok,
+        }
+
+    def _poll(self, now: float) -> None:
+        interval = self.config.poll_interval if self.listen_ok else min(self.config.poll_interval, 0.2)
+        self.next_poll = now + interval * random.uniform(0.9, 1.1)
+        for name in self.queues:
+            self.has_work[name] = True
+        if now >= self.next_settings and self.conn is not None:
+            self.next_settings = now + SETTINGS_REFRESH_S
+            self._refresh_settings()
+
+    def _refresh_settings(self) -> None:
+        def read(cur: Any) -> None:
+            cur.execute(QUERIES["queue_settings"], {"names": sorted(self.queues)})
+            for name, shards, paused in cur.fetchall():
+                self.shards[name] = shards
+                if paused:
+                    self.has_work[name] = False
+
+        self._db("reading queue settings", read)
+
+    def _on_notify(self) -> None:
+        try:
+            queues, cancels = self.notifier.drain()
+        except psycopg2.Error as exc:
+            self._lost_db(exc)
+            return
+        for name in queues:
+            if name in self.queues:
+                self.has_work[name] = True
+        if cancels:
+            now = time.monotonic()
+            for job_id, _lease in cancels:
+                for child in self.children.all():
+                    if any(job.id == job_id for job in child.inflight):
+                        child.status.request_cancel(job_id)
+                        child.cancel_deadline = now + self.config.cancel_grace
+                        log.info("cancel requested for job %d (child %d)", job_id, child.pid)
+
+    # -- dispatch ------------------------------------------------------------------
+    def _depth(self, queue: str) -> int:
+        seconds = self.job_seconds.get(queue)
+        if seconds is None:
+            return 1
+        return max(1, min(self.config.max_batch_per_child, int(TARGET_BATCH_S / max(seconds, 1e-6))))
+
+    def _lane(self, queue: str) -> int:
+        shards = self.shards.get(queue, 1)
+        if shards <= 1:
+            return 0
+        self.lane_cursor += 1
+        return self.lane_cursor % shards
+
+    def _dispatch(self) -> None:
+        idle = self.children.idle()
+        if not idle:
+            return
+        now = time.monotonic()
+        blocked = {name for name, until in self.blocked_until.items() if until > now}
+        demand = [name for name, flag in self.has_work.items() if flag]
+        plan = dispatcher.plan(len(idle), self.config.workers, self.queues,
+                               self.children.busy_by_queue(), demand, blocked)
+        if not plan:
+            return
+        free = iter(idle)
+        for name, count in plan.items():
+            depth = self._depth(name)
+            want = count * depth
+            queue = self.queues[name]
+            shards = self.shards.get(name, 1)
+            rows: List[tuple] = []
+            for _ in range(shards):  # a sharded queue: try lanes until the plan is filled
+                lane = self._lane(name)
+                got = self._db(f"claiming from {name}", lambda cur: fetcher.claim(
+                    cur, queue=name, limit=want - len(rows), supervisor_id=self.supervisor_id,
+                    aging_s=queue.aging, lane=lane))
+                if got is None:
+                    if self.conn is None:
+                        return
+                    self.blocked_until[name] = now + 1.0
+                    break
+                rows.extend(got)
+                if len(rows) >= want:
+                    break
+            if len(rows) < want:
+                if queue.rate is not None:
+                    self.blocked_until[name] = now + min(1.0, max(0.01, 1.0 / queue.rate))
+                else:
+                    self.has_work[name] = False
+            if not rows:
+                continue
+            per_child = -(-len(rows) // count)
+            for start in range(0, len(rows), per_child):
+                child = next(free)
+                batch = rows[start:start + per_child]
+                self.children.assign(child, name, batch, [self._timeout_of(row) for row in batch])
+
+    def _timeout_of(self, row: tuple) -> Optional[float]:
+        if row[8] is not None:
+            return row[8]
+        declared = registered(row[1])
+        return declared.timeout if declared is not None else None
+
+    # -- signals and shutdown ------------------------------------------------------
+    def _drain_wakeup(self) -> None:
+        try:
+            while os.read(self.wakeup_r, 4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError as exc:
+            if exc.errno != errno.EAGAIN:
+                raise
+
+    def _handle_signals(self) -> None:
+        while self.signals:
+            signum = self.signals.pop(0)
+            if signum == signal.SIGHUP:
+                log.info("SIGHUP ignored (restart the supervisor to reload the app)")
+                continue
+            name = signal.Signals(signum).name
+            if self.state == RUNNING:
+                log.info("%s: draining (no new jobs; waiting up to %gs for running ones)", name,
+                         self.config.shutdown_timeout)
+                self._begin_drain()
+            elif self.state == DRAINING:
+                log.warning("second %s: stopping now; running jobs go back to the queue", name)
+                self._begin_stop()
+
+    def request_shutdown(self) -> None:
+        """Start a graceful shutdown, as SIGTERM does (for embedding and tests);
+        safe to call from another thread or a signal handler."""
+        self.signals.append(signal.SIGTERM)
+        if self.wakeup_w >= 0:
+            try:
+                os.write(self.wakeup_w, b"\0")
+            except OSError:
+                pass
+
+    def _begin_drain(self) -> None:
+        self.state = DRAINING
+        self.drain_deadline = time.monotonic() + self.config.shutdown_timeout
+        self._event("draining", {})
+
+    def _begin_stop(self) -> None:
+        """Kill whatever still runs; its jobs go back as available."""
+        self.state = STOPPING
+        self.stop_deadline = time.monotonic() + 5.0
+        for child in self.children.all():
+            if child.busy:
+                self.children.kill(child, "interrupted", "interrupted by supervisor shutdown")
+            elif not child.stopping:
+                self.children.stop(child)
+
+    def _advance_shutdown(self, now: float) -> None:
+        if self.state == DRAINING:
+            if any(child.busy for child in self.children.all()):
+                if self.drain_deadline is not None and now >= self.drain_deadline:
+                    log.warning("shutdown timeout reached; killing the children still running jobs")
+                    self._begin_stop()
+                return
+            self._begin_stop()
+        if self.state == STOPPING:
+            for child in self.children.all():
+                if not child.busy and not child.stopping:
+                    self.children.stop(child)
+            if self.children.all() and now < (self.stop_deadline or now):
+                return
+            for child in self.children.all():  # did not exit in time
+                self.children.kill(child, "interrupted", "interrupted by supervisor shutdown")
+                child.process.join(timeout=2)
+                self._on_child_exit(child)
+            self._final_flush()
+            self.state = STOPPED
+
+    def _final_flush(self) -> None:
+        deadline = time.monotonic() + FINAL_FLUSH_TIMEOUT_S
+        while self.completer.pending and time.monotonic() < deadline:
+            if self.conn is None:
+                self.reconnect_at = 0.0
+                self._maybe_reconnect(time.monotonic())
+                if self.conn is None:
+                    time.sleep(0.2)
+                    continue
+            self._flush()
+        if self.completer.pending:
+            log.error("could not record %d outcome(s) before exiting; the leader will rescue "
+                      "those jobs", self.completer.pending)
+        self._db("marking the supervisor stopped", lambda cur: cur.execute(
+            QUERIES["supervisor_stopped"], {"id": self.supervisor_id, "stats": json.dumps(self.stats())}))
+
+    def _cleanup(self) -> None:
+        if self.leader is not None:
+            self.leader.stop()
+        for child in self.children.all():
+            try:
+                os.kill(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.notifier.close()
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except psycopg2.Error:
+                pass
+        if self.wakeup_w >= 0:
+            try:
+                signal.set_wakeup_fd(-1)
+            except ValueError:
+                pass
+            for fd in (self.wakeup_r, self.wakeup_w):
+                os.close(fd)
+            self.wakeup_r = self.wakeup_w = -1
+        self.selector.close()
+        if self.state == STOPPED:
+            log.info("supervisor %s stopped", self.supervisor_id)
+
+    # -- observability hooks ----------------------------------------------------
+    def _count(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+    def _event(self, name: str, fields: Dict[str, Any]) -> None:
+        if self.on_event is not None:
+            self.on_event(name, fields)
+
+
+def _wait_readable(fd: int, timeout: float) -> bool:
+    with selectors.DefaultSelector() as probe:
+        probe.register(fd, selectors.EVENT_READ)
+        return bool(probe.select(max(0.0, timeout)))

@@ -1,0 +1,84 @@
+-- Admin and callback statements: they run in the caller's transaction.
+
+-- name: get_job
+SELECT * FROM awa.jobs WHERE id = %(id)s LIMIT 1
+
+-- name: get_jobs
+-- Several jobs by id (for wait).
+SELECT * FROM awa.jobs WHERE id = ANY(%(ids)s)
+
+-- name: list_jobs
+-- Newest first, with optional filters (NULL means any).
+SELECT * FROM awa.jobs
+ WHERE (%(state)s::awa.job_state IS NULL OR state = %(state)s::awa.job_state)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+   AND (%(older_than_s)s::double precision IS NULL
+        OR created_at < now() - make_interval(secs => %(older_than_s)s::double precision))
+   AND (%(newer_than_s)s::double precision IS NULL
+        OR created_at >= now() - make_interval(secs => %(newer_than_s)s::double precision))
+ ORDER BY id DESC
+ LIMIT %(limit)s
+
+-- name: cancel_job
+SELECT awa.cancel_job(%(id)s, %(reason)s)::text
+
+-- name: retry_job
+SELECT awa.retry_job(%(id)s)::text
+
+-- name: pause_queue
+INSERT INTO awa.queues (name, paused, paused_at) VALUES (%(name)s, true, now())
+ON CONFLICT (name) DO UPDATE SET paused = true, paused_at = now()
+
+-- name: resume_queue
+INSERT INTO awa.queues (name, paused, paused_at) VALUES (%(name)s, false, NULL)
+ON CONFLICT (name) DO UPDATE SET paused = false, paused_at = NULL
+
+-- name: queue_counts
+SELECT queue, state, n, extract(epoch FROM now() - oldest_available) FROM awa.queue_counts()
+
+-- name: queue_flags
+SELECT name, paused, shards, dlq, rate_per_s FROM awa.queues
+
+-- name: resolve_callback
+SELECT job_id, new_state::text
+  FROM awa.resolve_callback(%(callback)s::uuid, %(action)s, %(payload)s::jsonb, %(error)s)
+
+-- name: dlq_list
+SELECT * FROM awa.jobs_done
+ WHERE dead_lettered
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+ ORDER BY finalized_at DESC, id DESC
+ LIMIT %(limit)s
+
+-- name: dlq_ids
+SELECT id FROM awa.jobs_done
+ WHERE dead_lettered
+   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+ ORDER BY id
+
+-- name: dlq_purge
+DELETE FROM awa.jobs_done
+ WHERE dead_lettered
+   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+
+-- name: listen_done
+LISTEN awa_done
+
+-- name: unlisten_done
+UNLISTEN awa_done
+
+-- name: savepoint
+-- Lets a refused callback leave the caller's transaction usable.
+SAVEPOINT awa_admin
+
+-- name: rollback_to_savepoint
+ROLLBACK TO SAVEPOINT awa_admin
+
+-- name: release_savepoint
+RELEASE SAVEPOINT awa_admin

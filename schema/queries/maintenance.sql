@@ -1,0 +1,31 @@
+-- Leader-only maintenance (the leader's own session).
+
+-- name: maintenance_session
+SET synchronous_commit = off; SET lock_timeout = '2s'; SET statement_timeout = '60s'
+
+-- name: try_leader_lock
+SELECT pg_try_advisory_lock(%(class)s, %(key)s)
+
+-- name: mark_leader
+UPDATE awa.supervisors SET is_leader = (id = %(id)s)
+ WHERE is_leader OR id = %(id)s
+
+-- name: promote_due
+SELECT awa.promote_due(%(limit)s)
+
+-- name: rescue_lost
+SELECT job_id, new_state::text FROM awa.rescue_lost(%(stale_s)s, %(limit)s)
+
+-- name: rescue_deadlines
+SELECT job_id, new_state::text FROM awa.rescue_deadlines(%(grace_s)s, %(limit)s)
+
+-- name: forget_supervisors
+-- Rows of supervisors gone for long, once none of their jobs is running.
+DELETE FROM awa.supervisors s
+ WHERE (s.stopped_at < now() - make_interval(secs => %(after_s)s)
+        OR s.heartbeat_at < now() - make_interval(secs => %(after_s)s))
+   AND NOT EXISTS (SELECT 1 FROM awa.jobs_hot h
+                    WHERE h.state = 'running' AND h.supervisor_id = s.id)
+
+-- name: expire_callbacks
+SELECT job_id, new_state::text FROM awa.expire_callbacks(%(limit)s)

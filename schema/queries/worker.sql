@@ -1,0 +1,67 @@
+-- Statements of a running supervisor (its main connection, autocommit).
+
+-- name: worker_session
+-- Losing a claim or an outcome in a server crash only makes a job run again
+-- (at-least-once), so the supervisor's own writes need not wait for fsync.
+SET synchronous_commit = off
+
+-- name: listen
+LISTEN awa_jobs; LISTEN awa_cancel
+
+-- name: probe_notify
+-- An empty payload on the jobs channel: proves LISTEN works on this path.
+NOTIFY awa_jobs, ''
+
+-- name: claim
+SELECT * FROM awa.claim(%(queue)s, %(limit)s, %(supervisor)s, %(aging)s, %(lane)s::smallint)
+
+-- name: complete_jobs
+SELECT awa.complete_jobs(%(ids)s::bigint[], %(leases)s::bigint[], %(wall)s::real[],
+                         %(cpu)s::real[], %(rss)s::bigint[], %(extra)s::jsonb)
+
+-- name: settle_jobs
+SELECT job_id, new_state::text FROM awa.settle_jobs(%(outcomes)s::jsonb, %(max_crashes)s)
+
+-- name: write_progress
+SELECT awa.write_progress(%(ids)s::bigint[], %(leases)s::bigint[], %(progress)s::jsonb[])
+
+-- name: register_supervisor
+INSERT INTO awa.supervisors (hostname, pid, version, queues, workers)
+VALUES (%(hostname)s, %(pid)s, %(version)s, %(queues)s, %(workers)s)
+RETURNING id
+
+-- name: heartbeat
+-- Also revives the row if the leader forgot it during a long outage.
+INSERT INTO awa.supervisors (id, hostname, pid, version, queues, workers, heartbeat_at, stats)
+VALUES (%(id)s, %(hostname)s, %(pid)s, %(version)s, %(queues)s, %(workers)s, now(), %(stats)s::jsonb)
+ON CONFLICT (id) DO UPDATE
+   SET heartbeat_at = now(), stats = excluded.stats, stopped_at = NULL
+
+-- name: supervisor_stopped
+UPDATE awa.supervisors SET stopped_at = now(), is_leader = false, stats = %(stats)s::jsonb
+ WHERE id = %(id)s
+
+-- name: my_running_jobs
+-- Jobs the database thinks this supervisor runs (to reconcile after a
+-- connection loss: a claim may have committed without its reply arriving).
+SELECT id, lease FROM awa.jobs_hot WHERE state = 'running' AND supervisor_id = %(id)s
+
+-- name: configure_queue
+-- A queue's shared settings, as this supervisor's --queue options give them.
+INSERT INTO awa.queues (name, dlq, rate_per_s, tokens)
+VALUES (%(name)s, %(dlq)s, %(rate)s, coalesce(%(rate)s, 0))
+ON CONFLICT (name) DO UPDATE
+   SET dlq = excluded.dlq, rate_per_s = excluded.rate_per_s
+
+-- name: queue_settings
+SELECT name, shards, paused FROM awa.queues WHERE name = ANY(%(names)s)
+
+-- name: register_callback
+UPDATE awa.jobs_hot
+   SET callback_id = gen_random_uuid(),
+       callback_timeout_at = now() + make_interval(secs => %(timeout_s)s)
+ WHERE id = %(id)s AND lease = %(lease)s AND state = 'running'
+RETURNING callback_id::text
+
+-- name: batch_members
+SELECT * FROM awa.jobs WHERE batch_id = %(batch_id)s ORDER BY id
