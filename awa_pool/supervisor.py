@@ -153,7 +153,7 @@ class Supervisor:
         return conn
 
     def _probe_listen(self) -> bool:
-        """LISTEN needs a session; behind a transaction-mode pooler it silently
+        """A LISTEN needs a session; behind a transaction-mode pooler it silently
         never fires. Send ourselves a NOTIFY and fall back to polling if it
         does not come back."""
         assert self.conn is not None
