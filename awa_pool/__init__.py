@@ -11,6 +11,7 @@ from .errors import (AwaError, Cancel, ConfigError, DatabaseUnavailable, Payload
                      SchemaMissing, Snooze, UnknownCallback, UnknownJob)
 from .job import DEFAULT_UNIQUE_STATES, Job, JobRecord, JobState, Unique
 from .migrate import migrate
+from .periodic import periodic
 from .pool import Pool
 from .producer import Batch, enqueue, enqueue_batch, enqueue_many
 from .tasks import Task, on_child_start, task
@@ -24,5 +25,5 @@ __all__ = [
     "Job", "JobContext", "JobRecord", "JobState", "PayloadTooLarge", "Pool", "PoolConfig",
     "QueueConfig", "Retry", "SchemaMissing", "Snooze", "Task", "Unique", "UnknownCallback",
     "UnknownJob", "WaitForCallback", "__version__", "current_context", "enqueue",
-    "enqueue_batch", "enqueue_many", "migrate", "on_child_start", "task",
+    "enqueue_batch", "enqueue_many", "migrate", "on_child_start", "periodic", "task",
 ]

@@ -1,19 +1,32 @@
 """Leader-only maintenance services. Each has its own interval, works in
 bounded batches and exposes `tick(cur)`, so tests can drive one service
 step by step without a running supervisor.
+
+Services: promote due jobs, rescue jobs of lost supervisors and past their
+deadlines, expire callbacks, forget old supervisors, fire periodic jobs,
+and retention (rotate terminal history, clean bookkeeping rows).
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List, Optional, Sequence
+from datetime import datetime
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import psycopg2
+
+from .config import DEFAULT_RETENTION_COMPLETED_S, DEFAULT_RETENTION_FAILED_S
+from .db import first_line, is_connection_error
+from .periodic import CATCH_UP_CAP, due_fire_times, next_fire_time
 from .sql import QUERIES
 
 log = logging.getLogger(__name__)
 
 BATCH = 1000
 MAX_BATCHES_PER_TICK = 20
+DLQ_RETENTION_S = 30 * 86400.0        # dead letters stay a month (or retention_failed if longer)
+CRON_FIRES_KEEP_S = 2 * 86400.0       # fired-tick records guard against double fires this long
+ROTATE_LOCK_TIMEOUT = "200ms"         # how long a TRUNCATE may queue ahead of readers
 
 
 class Service:
@@ -108,6 +121,110 @@ class ForgetSupervisors(Service):
         return cur.rowcount
 
 
+class FireCron(Service):
+    """Fire due periodic-job ticks. The ticks are computed here with croniter
+    on the database clock; awa.fire_cron inserts them idempotently (CAS on
+    last_fire_at plus one awa.cron_fires row per tick)."""
+
+    name = "fire_cron"
+    interval = 0.25
+
+    def __init__(self, cap: int = CATCH_UP_CAP) -> None:
+        self.cap = cap
+        # name -> (what the next tick was computed from, that next tick): a
+        # schedule that is not due costs no croniter work on the next pass
+        self._next: Dict[str, Tuple[tuple, datetime]] = {}
+        self._invalid: Dict[str, tuple] = {}
+
+    def tick(self, cur: Any) -> int:
+        cur.execute(QUERIES["cron_schedules_due"])
+        rows = cur.fetchall()
+        fired = 0
+        for name, expression, timezone, policy, last_fire_at, now in rows:
+            key = (expression, timezone, policy, last_fire_at)
+            cached = self._next.get(name)
+            if (cached is not None and cached[0] == key and now < cached[1]) or self._invalid.get(name) == key:
+                continue
+            try:
+                ticks = due_fire_times(expression, timezone, last_fire_at, now, policy,
+                                       cap=self.cap, hash_id=name)
+                if not ticks:
+                    self._next[name] = (key, next_fire_time(expression, timezone, now, hash_id=name))
+                    continue
+            except (ValueError, KeyError) as exc:
+                self._invalid[name] = key
+                log.warning("periodic job %r cannot be scheduled (%s): %s", name, expression, exc)
+                continue
+            cur.execute(QUERIES["fire_cron"], {"name": name, "expected": last_fire_at, "fire_ats": ticks})
+            jobs = cur.fetchall()
+            for fire_at, job_id in jobs:
+                log.debug("periodic job %r fired for %s: job %d", name, fire_at.isoformat(), job_id)
+            if len(ticks) > 1:
+                log.info("periodic job %r caught up %d missed tick(s)", name, len(jobs))
+            fired += len(jobs)
+        names = {row[0] for row in rows}
+        for gone in [name for name in self._next if name not in names]:
+            del self._next[gone]
+        return fired
+
+
+class Retention(Service):
+    """Remove terminal history past its retention by rotating the
+    awa.jobs_done ring (carry young rows forward, TRUNCATE the oldest
+    segment: no mass DELETE, no vacuum debt), and clean bookkeeping rows in
+    bounded batches: old fired-tick records, unique keys whose job is gone,
+    finished batches past retention."""
+
+    name = "retention"
+    interval = 5.0
+
+    def __init__(self, completed_s: float = DEFAULT_RETENTION_COMPLETED_S,
+                 failed_s: float = DEFAULT_RETENTION_FAILED_S, dlq_s: float = DLQ_RETENTION_S,
+                 cron_fires_keep_s: float = CRON_FIRES_KEEP_S, batch: int = BATCH) -> None:
+        self.completed_s = float(completed_s)
+        self.failed_s = float(failed_s)
+        self.dlq_s = max(float(dlq_s), self.failed_s)
+        self.cron_fires_keep_s = cron_fires_keep_s
+        self.batch = batch
+        self.keys_after: Optional[bytes] = None
+        self.busy = 0
+        self.last: Optional[Tuple[bool, bool, int, int, Optional[int]]] = None
+
+    def tick(self, cur: Any) -> int:
+        return self.rotate(cur) + self.clean(cur)
+
+    def rotate(self, cur: Any, period_s: Optional[float] = None) -> int:
+        """Turn the ring if its current segment is old enough (or period_s
+        has passed); returns how many rows were dropped."""
+        cur.execute(QUERIES["rotate_done_ring"], {
+            "keep_completed_s": self.completed_s, "keep_failed_s": self.failed_s,
+            "keep_dlq_s": self.dlq_s, "lock_timeout": ROTATE_LOCK_TIMEOUT, "period_s": period_s})
+        rotated, busy, dropped, carried, segment = cur.fetchone()
+        self.last = (rotated, busy, dropped, carried, segment)
+        if busy:
+            self.busy += 1
+            log.info("retention: segment in use (lock not granted within %s); will retry",
+                     ROTATE_LOCK_TIMEOUT)
+        elif rotated:
+            log.info("retention: dropped %d terminal job(s), carried %d forward; segment %d is current",
+                     dropped, carried, segment)
+        return dropped if rotated else 0
+
+    def clean(self, cur: Any) -> int:
+        total = 0
+        for statement, keep_s in ((QUERIES["clean_cron_fires"], self.cron_fires_keep_s),
+                                  (QUERIES["clean_batches"], max(self.completed_s, self.failed_s))):
+            for _ in range(MAX_BATCHES_PER_TICK):
+                cur.execute(statement, {"keep_s": keep_s, "limit": self.batch})
+                total += cur.rowcount
+                if cur.rowcount < self.batch:
+                    break
+        cur.execute(QUERIES["clean_unique_keys"], {"after": self.keys_after, "limit": self.batch})
+        removed, last_key = cur.fetchone()
+        self.keys_after = bytes(last_key) if last_key is not None else None
+        return total + removed
+
+
 class Maintenance:
     """Runs the services that are due. Not thread-safe: one runner per leader."""
 
@@ -125,7 +242,16 @@ class Maintenance:
         now = time.monotonic() if now is None else now
         for service in self.services:
             if self.next_run.get(service.name, 0.0) <= now:
-                service.tick(cur)
+                try:
+                    service.tick(cur)
+                    self.last_error = None
+                except psycopg2.Error as exc:
+                    if is_connection_error(exc) or cur.connection.closed:
+                        raise  # the leader session is gone: leadership with it
+                    # one failing service (a lock or statement timeout, a bug in
+                    # a schema function) must not stop the others or cost the lock
+                    self.last_error = f"{service.name}: {first_line(exc)}"
+                    log.warning("maintenance service %s failed: %s", service.name, first_line(exc))
                 self.next_run[service.name] = time.monotonic() + service.interval
         return max(0.0, min(self.next_run.values(), default=now + 1.0) - time.monotonic())
 
@@ -136,6 +262,9 @@ class Maintenance:
         raise KeyError(name)
 
 
-def default_services(*, heartbeat_staleness: float, deadline_grace: float = 30.0) -> List[Service]:
+def default_services(*, heartbeat_staleness: float, deadline_grace: float = 30.0,
+                     retention_completed: float = DEFAULT_RETENTION_COMPLETED_S,
+                     retention_failed: float = DEFAULT_RETENTION_FAILED_S) -> List[Service]:
     return [PromoteDue(), RescueLost(heartbeat_staleness), RescueDeadlines(deadline_grace),
-            ExpireCallbacks(), ForgetSupervisors()]
+            ExpireCallbacks(), ForgetSupervisors(), FireCron(),
+            Retention(retention_completed, retention_failed)]

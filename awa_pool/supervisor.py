@@ -37,6 +37,7 @@ from .leader import Leader
 from .maintenance import Maintenance, default_services
 from .migrate import require_current
 from .notifier import Notifier
+from .periodic_admin import register_schedules
 from .protocol import PROGRESS, REPLY, REQUEST, Outcome
 from .sql import QUERIES
 from .tasks import all_tasks, import_app, registered
@@ -119,6 +120,7 @@ class Supervisor:
             self.supervisor_id = cur.fetchone()[0]
             for name, queue in self.queues.items():
                 cur.execute(QUERIES["configure_queue"], {"name": name, "dlq": queue.dlq, "rate": queue.rate})
+        register_schedules(self.conn)
         self._refresh_settings()
         self.notifier.open()
         self.listen_ok = self._probe_listen()
@@ -128,7 +130,9 @@ class Supervisor:
         for slot in range(self.config.workers):
             self._spawn(slot)
         if self.config.leader:
-            services = default_services(heartbeat_staleness=self.config.heartbeat_staleness)
+            services = default_services(heartbeat_staleness=self.config.heartbeat_staleness,
+                                        retention_completed=self.config.retention_completed,
+                                        retention_failed=self.config.retention_failed)
             self.leader = Leader(self.config.dsn, self.supervisor_id, Maintenance(services))
             self.leader.start()
         self.state = RUNNING
