@@ -56,6 +56,13 @@ class ChildHandle:
     cancel_deadline: Optional[float] = None
 
     @property
+    def tasks_left(self) -> int:
+        """Jobs this child may still take before it is recycled."""
+        if self.recycle_after is None:
+            return 1 << 30
+        return self.recycle_after - self.tasks_done - len(self.inflight)
+
+    @property
     def busy(self) -> bool:
         return bool(self.inflight)
 

@@ -63,6 +63,7 @@ class Supervisor:
         self.conn: Optional[psycopg2.extensions.connection] = None
         self.notifier = Notifier(config.dsn)
         self.listen_ok = True
+        self.notify_fd = -1
         self.completer = Completer(config.max_crashes)
         self.children = Children(config.workers, result_max_bytes=config.result_max_bytes,
                                  max_tasks_per_child=config.max_tasks_per_child,
@@ -125,7 +126,7 @@ class Supervisor:
         self.notifier.open()
         self.listen_ok = self._probe_listen()
         self._install_signals()
-        self.selector.register(self.notifier.fileno(), selectors.EVENT_READ, ("notify", None))
+        self._watch_notifier()
         warnings.filterwarnings("ignore", message=".*multi-threaded.*fork.*", category=DeprecationWarning)
         for slot in range(self.config.workers):
             self._spawn(slot)
@@ -200,6 +201,19 @@ class Supervisor:
                 except psycopg2.Error:
                     pass
         return close, sockets
+
+    def _watch_notifier(self) -> None:
+        self.notify_fd = self.notifier.fileno()
+        self.selector.register(self.notify_fd, selectors.EVENT_READ, ("notify", None))
+
+    def _unwatch_notifier(self) -> None:
+        # by the fd we registered: a broken connection may no longer report it
+        if self.notify_fd >= 0:
+            try:
+                self.selector.unregister(self.notify_fd)
+            except (KeyError, ValueError):
+                pass
+            self.notify_fd = -1
 
     def _spawn(self, slot: int) -> ChildHandle:
         child = self.children.spawn(slot)
@@ -412,11 +426,7 @@ class Supervisor:
                 except psycopg2.Error:
                     pass
         self.conn = None
-        if self.notifier.connected:
-            try:
-                self.selector.unregister(self.notifier.fileno())
-            except (KeyError, ValueError, psycopg2.Error):
-                pass
+        self._unwatch_notifier()
         self.notifier.close()
         self.reconnect_attempts = 0
         self.reconnect_at = time.monotonic()
@@ -440,7 +450,7 @@ class Supervisor:
                       first_line(exc), delay)
             return
         self.conn = conn
-        self.selector.register(self.notifier.fileno(), selectors.EVENT_READ, ("notify", None))
+        self._watch_notifier()
         outage = now - (self.db_lost_at or now)
         self.db_lost_at = None
         log.info("reconnected to the database after %.1fs", outage)
@@ -551,48 +561,66 @@ class Supervisor:
         return self.lane_cursor % shards
 
     def _dispatch(self) -> None:
-        idle = self.children.idle()
-        if not idle:
-            return
-        now = time.monotonic()
-        blocked = {name for name, until in self.blocked_until.items() if until > now}
-        demand = [name for name, flag in self.has_work.items() if flag]
-        plan = dispatcher.plan(len(idle), self.config.workers, self.queues,
-                               self.children.busy_by_queue(), demand, blocked)
-        if not plan:
-            return
-        free = iter(idle)
-        for name, count in plan.items():
-            depth = self._depth(name)
-            want = count * depth
-            queue = self.queues[name]
-            shards = self.shards.get(name, 1)
-            rows: List[tuple] = []
-            for _ in range(shards):  # a sharded queue: try lanes until the plan is filled
-                lane = self._lane(name)
-                got = self._db(f"claiming from {name}", lambda cur: fetcher.claim(
-                    cur, queue=name, limit=want - len(rows), supervisor_id=self.supervisor_id,
-                    aging_s=queue.aging, lane=lane))
-                if got is None:
-                    if self.conn is None:
-                        return
-                    self.blocked_until[name] = now + 1.0
-                    break
-                rows.extend(got)
-                if len(rows) >= want:
-                    break
-            if len(rows) < want:
-                if queue.rate is not None:
-                    self.blocked_until[name] = now + min(1.0, max(0.01, 1.0 / queue.rate))
-                else:
-                    self.has_work[name] = False
-            if not rows:
-                continue
-            per_child = -(-len(rows) // count)
-            for start in range(0, len(rows), per_child):
-                child = next(free)
-                batch = rows[start:start + per_child]
-                self.children.assign(child, name, batch, [self._timeout_of(row) for row in batch])
+        """Hand idle children to queues with work: plan, claim, assign. Plans
+        again at once while a round leaves children idle and some queue may
+        still have work (an empty claim clears that queue's flag)."""
+        for _ in range(len(self.queues) + 1):
+            idle = self.children.idle()
+            if not idle or self.conn is None:
+                return
+            now = time.monotonic()
+            blocked = {name for name, until in self.blocked_until.items() if until > now}
+            demand = [name for name, flag in self.has_work.items() if flag]
+            plan = dispatcher.plan(len(idle), self.config.workers, self.queues,
+                                   self.children.busy_by_queue(), demand, blocked)
+            if not plan:
+                return
+            assigned = 0
+            free = iter(idle)
+            for name, count in plan.items():
+                chosen = [next(free) for _ in range(count)]
+                depth = self._depth(name)
+                # a child due for recycling takes no more jobs than it has left
+                caps = [max(1, min(depth, child.tasks_left)) for child in chosen]
+                rows = self._claim(name, sum(caps), now)
+                if rows is None:
+                    return
+                offset = 0
+                for index, child in enumerate(chosen):
+                    left = len(rows) - offset
+                    if left <= 0:
+                        break
+                    take = min(caps[index], -(-left // (count - index)))  # spread evenly
+                    batch = rows[offset:offset + take]
+                    offset += take
+                    self.children.assign(child, name, batch, [self._timeout_of(row) for row in batch])
+                    assigned += 1
+            if assigned == len(idle):
+                return
+
+    def _claim(self, name: str, want: int, now: float) -> Optional[List[tuple]]:
+        """Claim up to `want` jobs of a queue (trying lanes of a sharded
+        queue); None when the database connection was lost."""
+        queue = self.queues[name]
+        rows: List[tuple] = []
+        for _ in range(self.shards.get(name, 1)):
+            lane = self._lane(name)
+            got = self._db(f"claiming from {name}", lambda cur: fetcher.claim(
+                cur, queue=name, limit=want - len(rows), supervisor_id=self.supervisor_id,
+                aging_s=queue.aging, lane=lane))
+            if got is None:
+                if self.conn is None:
+                    return None
+                self.blocked_until[name] = now + 1.0  # a failing claim: back off this queue
+                return rows
+            rows.extend(got)
+            if len(rows) >= want:
+                return rows
+        if queue.rate is not None:
+            self.blocked_until[name] = now + min(1.0, max(0.01, 1.0 / queue.rate))
+        else:
+            self.has_work[name] = False
+        return rows
 
     def _timeout_of(self, row: tuple) -> Optional[float]:
         if row[8] is not None:

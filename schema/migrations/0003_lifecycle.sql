@@ -94,24 +94,34 @@ BEGIN
                          FOR UPDATE SKIP LOCKED) c
     ),
     picked AS (
-        SELECT cand.id FROM cand
-         ORDER BY CASE WHEN p_aging_s > 0
-                       THEN greatest(1, cand.priority - floor(extract(epoch FROM now() - cand.run_at) / p_aging_s))
-                       ELSE cand.priority END,
-                  cand.run_at, cand.id
+        SELECT cand.id, row_number() OVER (
+                   ORDER BY CASE WHEN p_aging_s > 0
+                                 THEN greatest(1, cand.priority - floor(extract(epoch FROM now() - cand.run_at) / p_aging_s))
+                                 ELSE cand.priority END,
+                            cand.run_at, cand.id) AS ord
+          FROM cand
+         ORDER BY ord
          LIMIT v_want
+    ),
+    claimed AS (
+        UPDATE awa.jobs_hot j
+           SET state = 'running', attempt = j.attempt + 1, lease = j.lease + 1,
+               attempted_at = now(), supervisor_id = p_supervisor,
+               deadline = CASE WHEN j.timeout_s IS NOT NULL THEN now() + make_interval(secs => j.timeout_s) END
+          FROM picked
+         WHERE j.id = picked.id
+        RETURNING picked.ord, j.id, j.kind, j.queue, j.args::text AS args, j.priority, j.attempt,
+                  j.max_attempts, j.lease, j.timeout_s, j.tags, j.metadata::text AS metadata,
+                  extract(epoch FROM j.created_at)::double precision AS created_at,
+                  extract(epoch FROM j.run_at)::double precision AS run_at,
+                  j.progress::text AS progress, j.callback_result::text AS callback_result, j.batch_id
     )
-    UPDATE awa.jobs_hot j
-       SET state = 'running', attempt = j.attempt + 1, lease = j.lease + 1,
-           attempted_at = now(), supervisor_id = p_supervisor,
-           deadline = CASE WHEN j.timeout_s IS NOT NULL THEN now() + make_interval(secs => j.timeout_s) END
-      FROM picked
-     WHERE j.id = picked.id
-    RETURNING j.id, j.kind, j.queue, j.args::text, j.priority, j.attempt, j.max_attempts,
-              j.lease, j.timeout_s, j.tags, j.metadata::text,
-              extract(epoch FROM j.created_at)::double precision,
-              extract(epoch FROM j.run_at)::double precision,
-              j.progress::text, j.callback_result::text, j.batch_id;
+    -- Rows come back in claim order: the UPDATE's own order is arbitrary.
+    SELECT c.id, c.kind, c.queue, c.args, c.priority, c.attempt, c.max_attempts, c.lease,
+           c.timeout_s, c.tags, c.metadata, c.created_at, c.run_at, c.progress,
+           c.callback_result, c.batch_id
+      FROM claimed c
+     ORDER BY c.ord;
 
     IF v_rate IS NOT NULL THEN
         GET DIAGNOSTICS v_got = ROW_COUNT;

@@ -151,3 +151,16 @@ def queue_a(ms: int = 0) -> None:
 def queue_b(ms: int = 0) -> None:
     record("queue_b", _ctx().id)
     time.sleep(ms / 1000)
+
+
+@awa_pool.task("spin")
+def spin(seconds: float = 1.0) -> dict:
+    """Burn CPU until `seconds` of wall time have passed (robust on a loaded machine)."""
+    record("spin_start", _ctx().id)
+    started = time.monotonic()
+    cpu_started = time.process_time()
+    n = 0
+    while time.monotonic() - started < seconds:
+        n += 1
+    record("spin", _ctx().id)
+    return {"pid": os.getpid(), "cpu": time.process_time() - cpu_started}

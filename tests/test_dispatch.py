@@ -1,0 +1,137 @@
+"""Weighted concurrency, pauses, priorities and aging: the pure dispatcher,
+then real supervisors."""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import psycopg2
+import pytest
+
+from awa_pool import Job, enqueue_many, pause_queue, resume_queue
+from awa_pool.config import QueueConfig
+from awa_pool.dispatcher import entitlements, plan
+from helpers import count_lines, exec_records, query, states, wait_for
+
+
+def q(**kwargs):
+    return QueueConfig(**kwargs)
+
+
+def test_entitlements_follow_weights():
+    configs = {"a": q(weight=3), "b": q(weight=1)}
+    assert entitlements(8, configs, ["a", "b"]) == {"a": 6, "b": 2}
+    assert entitlements(8, configs, ["a"]) == {"a": 8}
+
+
+def test_entitlements_respect_min_and_max():
+    # min 3 for a; the 8 spare go by weight, b capped at 2, the rest split a:c = 1:1
+    configs = {"a": q(weight=1, min=3), "b": q(weight=10, max=2), "c": q(weight=1)}
+    assert entitlements(11, configs, ["a", "b", "c"]) == {"a": 6, "b": 2, "c": 3}
+
+
+def test_plan_fills_gaps_then_lends_idle_capacity():
+    configs = {"a": q(weight=3), "b": q(weight=1)}
+    assert plan(8, 8, configs, {}, ["a", "b"]) == {"a": 6, "b": 2}
+    # b holds its share; a child of a came free: it goes back to a
+    assert plan(1, 8, configs, {"a": 5, "b": 2}, ["a", "b"]) == {"a": 1}
+    # b has no work: idle capacity flows to a even beyond its share
+    assert plan(2, 8, configs, {"a": 6}, ["a"]) == {"a": 2}
+    # a queue at its max takes nothing more
+    capped = {"a": q(weight=3, max=2), "b": q(weight=1)}
+    assert plan(8, 8, capped, {}, ["a", "b"]) == {"a": 2, "b": 6}
+
+
+def test_plan_guarantees_minimums():
+    configs = {"big": q(weight=100), "small": q(weight=1, min=2)}
+    assert plan(4, 4, configs, {}, ["big", "small"]) == {"big": 2, "small": 2}
+
+
+def test_plan_skips_blocked_and_idle_queues():
+    configs = {"a": q(), "b": q()}
+    assert plan(4, 4, configs, {}, ["a", "b"], blocked=["a"]) == {"b": 4}
+    assert plan(4, 4, configs, {}, []) == {}
+    assert plan(0, 4, configs, {}, ["a"]) == {}
+
+
+def _enqueue(dsn, jobs):
+    conn = psycopg2.connect(dsn)
+    try:
+        ids = enqueue_many(conn, list(jobs))
+        conn.commit()
+        return ids
+    finally:
+        conn.close()
+
+
+@pytest.mark.xdist_group("cpu")
+def test_weighted_queues_share_children_three_to_one(dsn, pools):
+    _enqueue(dsn, [Job("queue_a", {"ms": 100}, queue="a") for _ in range(400)] +
+             [Job("queue_b", {"ms": 100}, queue="b") for _ in range(400)])
+    pools.start("--queue", "a=3", "--queue", "b=1", workers=8)
+    wait_for(lambda: count_lines(pools.log_dir, "queue_a") + count_lines(pools.log_dir, "queue_b") >= 160,
+             timeout=30, message="160 jobs started")
+    starts = [r[0] for r in exec_records(pools.log_dir) if r[0] in ("queue_a", "queue_b")][:160]
+    share = starts.count("queue_a") / len(starts)
+    assert 0.70 <= share <= 0.80, f"queue a got {share:.2f} of the starts (expected 0.75)"
+
+
+def test_paused_queue_runs_nothing_until_resumed(dsn, pools):
+    conn = psycopg2.connect(dsn)
+    pause_queue(conn, "a")
+    conn.commit()
+    conn.close()
+    a_ids = _enqueue(dsn, [Job("queue_a", queue="a") for _ in range(5)])
+    _enqueue(dsn, [Job("queue_b", queue="b") for _ in range(5)])
+    pools.start(workers=2)
+    wait_for(lambda: count_lines(pools.log_dir, "queue_b") == 5, timeout=20, message="queue b drained")
+    # several poll rounds go by: the paused queue stays untouched
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        assert count_lines(pools.log_dir, "queue_a") == 0
+        time.sleep(0.1)
+    assert query(dsn, "SELECT count(*) FROM awa.jobs WHERE queue = 'a' AND state = 'available'") == [(5,)]
+    conn = psycopg2.connect(dsn)
+    resume_queue(conn, "a")
+    conn.commit()
+    conn.close()
+    wait_for(lambda: count_lines(pools.log_dir, "queue_a") == 5, timeout=20, message="queue a after resume")
+    assert len(a_ids) == 5
+
+
+def test_priority_order_within_a_queue(dsn, pools):
+    jobs = []
+    for i in range(40):
+        jobs.append(Job("noop", {"i": i}, priority=4 - (i % 4)))
+    ids = _enqueue(dsn, jobs)
+    pools.start("--queue", "default", workers=1)
+    wait_for(lambda: states(dsn) == {"completed": 40}, timeout=30, message="40 jobs completed")
+    order = [r[1] for r in exec_records(pools.log_dir) if r[0] == "noop"]
+    priority = {job_id: 4 - (i % 4) for i, job_id in enumerate(ids)}
+    expected = sorted(ids, key=lambda job_id: (priority[job_id], job_id))
+    assert order == expected
+
+
+@pytest.mark.parametrize("aging,old_first", [("1", True), ("0", False)])
+def test_priority_aging(dsn, pools, aging, old_first):
+    long_ago = datetime.now(timezone.utc) - timedelta(seconds=30)
+    old = _enqueue(dsn, [Job("noop", {"old": True}, priority=4, run_at=long_ago)])[0]
+    fresh = _enqueue(dsn, [Job("noop", {"i": i}, priority=1) for i in range(5)])
+    pools.start("--queue", f"default,aging={aging}", workers=1)
+    wait_for(lambda: states(dsn) == {"completed": 6}, timeout=30, message="6 jobs completed")
+    order = [r[1] for r in exec_records(pools.log_dir) if r[0] == "noop"]
+    if old_first:
+        assert order == [old] + fresh, "an old priority-4 job ages ahead of fresh priority-1 jobs"
+    else:
+        assert order == fresh + [old], "without aging, priority alone decides"
+
+
+def test_rate_limit_holds_across_supervisors(dsn, pools):
+    _enqueue(dsn, [Job("noop") for _ in range(60)])
+    pools.start("--queue", "default,rate=10/s", workers=2)
+    pools.start("--queue", "default,rate=10/s", workers=2)
+    wait_for(lambda: count_lines(pools.log_dir, "noop") >= 30, timeout=30, message="30 jobs ran")
+    times = sorted(r[3] for r in exec_records(pools.log_dir) if r[0] == "noop")
+    # a full bucket allows a burst of 10, then 10 per second
+    window = times[29] - times[0]
+    assert window >= 1.5, f"30 starts in {window:.2f}s exceeds 10/s across two supervisors"
