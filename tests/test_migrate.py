@@ -11,6 +11,8 @@ from awa_pool.migrate import LATEST_VERSION, MIGRATIONS, applied_versions, migra
 from awa_pool.errors import SchemaMissing
 from helpers import query, scalar
 
+pytestmark = pytest.mark.embedded_smoke
+
 
 def test_migrate_fresh_database_then_idempotent(empty_dsn: str) -> None:
     conn = psycopg2.connect(empty_dsn)

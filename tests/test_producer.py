@@ -10,6 +10,8 @@ import pytest
 
 import awa_pool
 from awa_pool import Job, Unique, enqueue, enqueue_many
+pytestmark = pytest.mark.embedded_smoke
+
 from helpers import job_row, query, scalar, wait_for
 
 
