@@ -91,6 +91,8 @@ class Supervisor:
         self.next_poll = now
         self.next_settings = now
         self.next_reconcile = now + RECONCILE_INTERVAL_S
+        # Observability hooks (metrics): called in the loop, must be cheap.
+        self.on_claim: Optional[Callable[[str, List[tuple]], None]] = None
         self.on_outcome: Optional[Callable[[str, Outcome], None]] = None
         self.on_event: Optional[Callable[[str, Dict[str, Any]], None]] = None
         self.counters: Dict[str, int] = {}
@@ -614,6 +616,8 @@ class Supervisor:
                 self.blocked_until[name] = now + 1.0  # a failing claim: back off this queue
                 return rows
             rows.extend(got)
+            if got and self.on_claim is not None:
+                self.on_claim(name, got)
             if len(rows) >= want:
                 return rows
         if queue.rate is not None:
