@@ -59,7 +59,8 @@ def test_cpu_jobs_run_in_parallel_processes(dsn, pools):
     first, second = sorted(spans.values(), key=lambda s: s["spin_start"][0])[:2]
     assert first["spin_start"][1] != second["spin_start"][1]
     assert second["spin_start"][0] < first["spin"][0], "the first two jobs did not overlap"
-    assert all(result["cpu"] > 0.3 for result in results), results
+    # they burned CPU (a sleeping job would show ~0), however loaded the machine is
+    assert all(result["cpu"] > 0.05 for result in results), results
 
 
 @pytest.mark.parametrize("kind,cause", [
