@@ -4,5 +4,6 @@
 SELECT 1 FROM pg_database WHERE datname = %(name)s
 
 -- name: create_database
--- The {} is a quoted identifier filled in with psycopg2.sql.
+-- The braces placeholder below is a quoted identifier filled in with psycopg2.sql
+-- (comment lines are part of the statement text: no braces in them).
 CREATE DATABASE {}
