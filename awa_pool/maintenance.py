@@ -186,6 +186,9 @@ class Retention(Service):
         self.dlq_s = max(float(dlq_s), self.failed_s)
         self.cron_fires_keep_s = cron_fires_keep_s
         self.batch = batch
+        # look often enough to rotate on time even with short retentions (tests,
+        # demos): the ring's period is min(retention) / 7 with the default 8 segments
+        self.interval = min(Retention.interval, max(0.5, min(self.completed_s, self.failed_s) / 14))
         self.keys_after: Optional[bytes] = None
         self.busy = 0
         self.last: Optional[Tuple[bool, bool, int, int, Optional[int]]] = None
@@ -238,21 +241,23 @@ class Maintenance:
         self.next_run.clear()
 
     def run_due(self, cur: Any, now: Optional[float] = None) -> float:
-        """Run due services; returns seconds until the next one is due."""
+        """Run due services; returns seconds until the next one is due.
+        `last_error` names the services that failed in this pass (or None)."""
         now = time.monotonic() if now is None else now
+        errors: List[str] = []
         for service in self.services:
             if self.next_run.get(service.name, 0.0) <= now:
                 try:
                     service.tick(cur)
-                    self.last_error = None
                 except psycopg2.Error as exc:
                     if is_connection_error(exc) or cur.connection.closed:
                         raise  # the leader session is gone: leadership with it
                     # one failing service (a lock or statement timeout, a bug in
                     # a schema function) must not stop the others or cost the lock
-                    self.last_error = f"{service.name}: {first_line(exc)}"
+                    errors.append(f"{service.name}: {first_line(exc)}")
                     log.warning("maintenance service %s failed: %s", service.name, first_line(exc))
                 self.next_run[service.name] = time.monotonic() + service.interval
+        self.last_error = "; ".join(errors) or None
         return max(0.0, min(self.next_run.values(), default=now + 1.0) - time.monotonic())
 
     def get(self, name: str) -> Service:

@@ -192,14 +192,6 @@ def next_fire_time(expression: str, timezone: str, after: datetime,
     return _iterator(expression, _local(after, zone), hash_id).get_next().astimezone(_UTC)
 
 
-def latest_fire_time(expression: str, timezone: str, at_or_before: datetime,
-                     hash_id: Optional[str] = None) -> datetime:
-    """The last tick at or before `at_or_before`, in UTC."""
-    zone = ZoneInfo(timezone)
-    start = _local(at_or_before + _EPSILON, zone)  # croniter's get_prev excludes its start
-    return _iterator(expression, start, hash_id).get_prev().astimezone(_UTC)
-
-
 def due_fire_times(expression: str, timezone: str, last_fire_at: Optional[datetime], now: datetime,
                    policy: str, cap: int = CATCH_UP_CAP, hash_id: Optional[str] = None) -> List[datetime]:
     """Ticks to fire now, oldest first, in UTC: those after `last_fire_at` and
