@@ -237,3 +237,23 @@ def test_old_owner_back_after_rescue_cannot_overwrite(pools, dsn) -> None:
     assert owner.poll() is None
     assert job_row(dsn, job_id) == final, "the stale completion changed nothing"
     assert scalar(dsn, "SELECT count(*) FROM awa.jobs") == 1
+
+
+def test_leader_session_detects_a_vanished_host_quickly(dsn) -> None:
+    """The lock is freed only when the server drops the leader's session: it
+    must notice a dead or cut-off host within seconds."""
+    supervisor_id = scalar(dsn, "INSERT INTO awa.supervisors (hostname, pid, version, workers) "
+                                "VALUES ('t', 1, 't', 1) RETURNING id")
+    leader = Leader(dsn, supervisor_id, Maintenance([]))
+    try:
+        leader.step()
+        assert leader.is_leader
+        with leader.conn.cursor() as cur:
+            cur.execute("SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_user_timeout'), "
+                        "inet_client_addr() IS NULL")
+            idle, user_timeout, unix_socket = cur.fetchone()
+        if unix_socket:
+            pytest.skip("keepalives do not apply to Unix-domain sockets")
+        assert idle == "5" and user_timeout == "10000"
+    finally:
+        leader.stop()

@@ -1,7 +1,13 @@
 -- Leader-only maintenance (the leader's own session).
 
 -- name: maintenance_session
-SET synchronous_commit = off; SET lock_timeout = '2s'; SET statement_timeout = '60s'
+-- The leader lock lives as long as this session. If the leader's host dies
+-- or is cut off, the server must notice within seconds (not the kernel's
+-- default two hours) so the lock is freed and another supervisor takes over:
+-- server-side keepalives and a send timeout on this session only.
+SET synchronous_commit = off; SET lock_timeout = '2s'; SET statement_timeout = '60s';
+SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3;
+SET tcp_user_timeout = 10000
 
 -- name: try_leader_lock
 SELECT pg_try_advisory_lock(%(class)s, %(key)s)
