@@ -260,6 +260,11 @@ BEGIN
 
     j.progress := coalesce(p_progress, j.progress);
     j.deadline := NULL;
+    IF p_outcome <> 'wait' THEN
+        -- the attempt that registered a callback is over: its callback must
+        -- not match a later attempt (awa.take_callback needs this mark)
+        j.callback_timeout_at := NULL;
+    END IF;
     j.state := v_next;
     IF v_next = 'retryable' THEN
         j.run_at := now() + make_interval(secs => coalesce(p_delay_s, awa.backoff_s(j.attempt)));
