@@ -9,19 +9,23 @@ from __future__ import annotations
 import json
 import select
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import psycopg2
+import psycopg2.errors
 import psycopg2.extensions
 
 from .config import parse_duration
 from .db import cursor_for, psycopg2_connection
-from .errors import UnknownCallback
+from .errors import PayloadTooLarge, UnknownCallback
 from .job import JobRecord, JobState, check_name
 from .sql import QUERIES
 
 ALL_STATES = [state.value for state in JobState]
+PAYLOAD_MAX_BYTES = 1024 * 1024  # a callback payload becomes a result: same cap as results
+WAIT_RECHECK_S = 5.0             # wait() looks again at least this often
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,11 @@ def _check_id(job_id: Any) -> int:
     return job_id
 
 
+def _check_limit(limit: Any) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+
+
 def get_job(conn: Any, job_id: int) -> Optional[JobRecord]:
     """The job with this id, or None."""
     with cursor_for(conn) as cur:
@@ -68,8 +77,7 @@ def list_jobs(conn: Any, state: Optional[str] = None, queue: Optional[str] = Non
     are ages (seconds, timedelta or '2h') of the job's creation."""
     if state is not None and str(state) not in ALL_STATES:
         raise ValueError(f"unknown state {state!r}: use one of {', '.join(ALL_STATES)}")
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+    _check_limit(limit)
     params = {
         "state": str(state) if state is not None else None, "queue": queue, "kind": kind, "limit": limit,
         "older_than_s": parse_duration(older_than, what="older_than") if older_than is not None else None,
@@ -129,26 +137,51 @@ def queue_stats(conn: Any) -> List[QueueStats]:
 
 # -- callbacks ---------------------------------------------------------------------
 
-def _resolve(conn: Any, callback: str, action: str, payload: Any = None,
-             error: Optional[str] = None) -> JobState:
+def _callback_uuid(callback: Any) -> str:
     if not isinstance(callback, str) or not callback:
         raise TypeError("callback must be the id string that ctx.register_callback() returned")
+    try:
+        return str(uuid.UUID(callback))
+    except ValueError:
+        raise UnknownCallback(f"malformed callback id {callback[:80]!r}: "
+                              "expected the id that ctx.register_callback() returned") from None
+
+
+def _payload_json(payload: Any) -> Optional[str]:
+    if payload is None:
+        return None
+    try:
+        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"the callback payload must be JSON-serializable: {exc}") from None
+    if len(text) > PAYLOAD_MAX_BYTES:
+        raise PayloadTooLarge(f"the callback payload is {len(text)} bytes of JSON, over the "
+                              f"{PAYLOAD_MAX_BYTES}-byte limit: store big payloads elsewhere "
+                              "and pass a reference")
+    return text
+
+
+def _resolve(conn: Any, callback: str, action: str, payload: Any = None,
+             error: Optional[str] = None) -> JobState:
+    callback_id = _callback_uuid(callback)
+    payload_json = _payload_json(payload)
     raw = psycopg2_connection(conn)
     with cursor_for(conn) as cur:
+        # a refused callback must leave the caller's transaction usable
         savepoint = not raw.autocommit
         if savepoint:
             cur.execute(QUERIES["savepoint"])
         try:
             cur.execute(QUERIES["resolve_callback"], {
-                "callback": callback, "action": action, "error": error,
-                "payload": json.dumps(payload) if payload is not None else None})
-        except (psycopg2.errors.NoDataFound, psycopg2.errors.InvalidTextRepresentation) as exc:
+                "callback": callback_id, "action": action, "error": error, "payload": payload_json})
+        except psycopg2.errors.NoDataFound as exc:
             if savepoint:
                 cur.execute(QUERIES["rollback_to_savepoint"])
-            message = exc.diag.message_primary or str(exc)
-            if isinstance(exc, psycopg2.errors.InvalidTextRepresentation):
-                message = f"unknown callback id {callback!r}"
-            raise UnknownCallback(message) from None
+            raise UnknownCallback(exc.diag.message_primary or str(exc)) from None
+        except psycopg2.Error:
+            if savepoint and raw.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_INERROR:
+                cur.execute(QUERIES["rollback_to_savepoint"])
+            raise
         row = cur.fetchone()
         if savepoint:
             cur.execute(QUERIES["release_savepoint"])
@@ -156,24 +189,28 @@ def _resolve(conn: Any, callback: str, action: str, payload: Any = None,
 
 
 def complete_external(conn: Any, callback: str, payload: Any = None) -> JobState:
-    """The external work succeeded: the job completes with `payload` as result."""
+    """The external work succeeded: the job completes with `payload` (JSON)
+    as its result. Raises UnknownCallback for an unknown, malformed or
+    already-used id (the caller's transaction stays usable)."""
     return _resolve(conn, callback, "complete", payload)
 
 
 def fail_external(conn: Any, callback: str, error: str) -> JobState:
-    """The external work failed: a failed attempt (retried while attempts remain)."""
+    """The external work failed: a failed attempt, retried with backoff while
+    attempts remain, then failed (or dead-lettered)."""
     if not isinstance(error, str) or not error:
         raise TypeError("error must be a non-empty string")
     return _resolve(conn, callback, "fail", error=error)
 
 
 def retry_external(conn: Any, callback: str) -> JobState:
-    """Run the job's handler again now."""
+    """Run the job's handler again now, as a new attempt."""
     return _resolve(conn, callback, "retry")
 
 
 def resume_external(conn: Any, callback: str, payload: Any = None) -> JobState:
-    """Run the handler again with ctx.callback_result == payload."""
+    """Run the handler again with ctx.callback_result == payload; the run
+    continues the attempt that waited (it is not counted again)."""
     return _resolve(conn, callback, "resume", payload)
 
 
@@ -182,6 +219,7 @@ def resume_external(conn: Any, callback: str, payload: Any = None) -> JobState:
 def dlq_list(conn: Any, queue: Optional[str] = None, kind: Optional[str] = None,
              limit: int = 100) -> List[JobRecord]:
     """Dead-lettered jobs, most recent first."""
+    _check_limit(limit)
     with cursor_for(conn) as cur:
         cur.execute(QUERIES["dlq_list"], {"queue": queue, "kind": kind, "limit": limit})
         return _records(cur)
@@ -236,6 +274,10 @@ def wait(conn: Any, ids: Sequence[int], timeout: Optional[float] = None) -> List
             cur.execute(QUERIES["listen_done"])
             try:
                 while True:
+                    # A notification that arrives while the query runs is read
+                    # with its result and never makes the socket readable:
+                    # clear first, and look again at once if one came in.
+                    raw.notifies.clear()
                     cur.execute(QUERIES["get_jobs"], {"ids": wanted})
                     records = {record.id: record for record in _records(cur)}
                     missing = [i for i in wanted if i not in records]
@@ -248,11 +290,13 @@ def wait(conn: Any, ids: Sequence[int], timeout: Optional[float] = None) -> List
                         pending = [i for i in wanted if not records[i].terminal]
                         raise TimeoutError(f"{len(pending)} job(s) not finished after {timeout:g}s "
                                            f"(for example {pending[:5]})")
-                    # A NOTIFY per terminal transition wakes us; the 5 s cap
-                    # only bounds how long a lost notification could delay us.
-                    select.select([raw], [], [], min(5.0, remaining) if remaining is not None else 5.0)
+                    if raw.notifies:
+                        continue
+                    # A NOTIFY per terminal transition wakes us; the cap only
+                    # bounds how long a lost notification could delay us.
+                    cap = WAIT_RECHECK_S if remaining is None else min(WAIT_RECHECK_S, remaining)
+                    select.select([raw], [], [], cap)
                     raw.poll()
-                    raw.notifies.clear()
             finally:
                 cur.execute(QUERIES["unlisten_done"])
     finally:

@@ -13,13 +13,16 @@ import math
 from datetime import datetime, timedelta, timezone
 from typing import Any, Dict, List, Optional, Protocol
 
-from .errors import Seconds, to_seconds
+from .errors import AwaError, Seconds, to_seconds
 from .job import JobRecord, _check_json_value
 
 _current: "contextvars.ContextVar[Optional[JobContext]]" = contextvars.ContextVar(
     "awa_pool_job_context", default=None)
 
 PROGRESS_MAX_BYTES = 64 * 1024
+# The follow-up of a batch carries its batch id in this metadata key (set
+# by producer.enqueue_batch, which must use the same name).
+THEN_OF_KEY = "awa:then_of"
 
 
 class Channel(Protocol):
@@ -119,8 +122,13 @@ class JobContext:
         return callback_id
 
     def batch_results(self) -> List[JobRecord]:
-        """In a batch's follow-up job: the members' records, in input order."""
-        return self._channel.request(self.id, self.lease, "batch_results", None)
+        """In a batch's follow-up job: the members' records, in input order
+        (results, errors and final states, failed and cancelled included)."""
+        batch_id = self.metadata.get(THEN_OF_KEY) if isinstance(self.metadata, dict) else None
+        if isinstance(batch_id, bool) or not isinstance(batch_id, int):
+            raise AwaError("batch_results() is only available in the follow-up job of a batch "
+                           "(enqueue_batch(..., then=job))")
+        return self._channel.request(self.id, self.lease, "batch_results", batch_id)
 
 
 def current_context() -> Optional[JobContext]:

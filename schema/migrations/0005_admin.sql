@@ -3,6 +3,30 @@
 -- safely with supervisors and the leader: whoever takes the row first wins,
 -- the other finds nothing.
 
+-- take_job for admin calls that race with supervisors: a job that moves
+-- from one table to another while we look (a snooze or a release puts it
+-- back in the hot table as a new row) is missed by one statement's snapshot,
+-- so look again while it still exists in one of p_states. NULL when it is
+-- absent or in none of them.
+CREATE FUNCTION awa.take_moving_job(p_id bigint, p_states awa.job_state[]) RETURNS awa.jobs_hot
+LANGUAGE plpgsql AS $$
+DECLARE
+    j awa.jobs_hot;
+    v_state awa.job_state;
+BEGIN
+    FOR i IN 1..10 LOOP
+        j := awa.take_job(p_id, p_states);
+        IF j.id IS NOT NULL THEN
+            RETURN j;
+        END IF;
+        v_state := awa.job_state_of(p_id);  -- a new snapshot: where is it now?
+        IF v_state IS NULL OR NOT v_state = ANY (p_states) THEN
+            RETURN NULL;
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END $$;
+
 -- Cancel a job that is not terminal yet. A running job is cancelled at once
 -- in the database; its supervisor hears it on awa_cancel, tells the handler
 -- (ctx.cancel_requested) and kills the child after a grace period. Returns
@@ -14,8 +38,8 @@ DECLARE
     j awa.jobs_hot;
     v_was_running boolean;
 BEGIN
-    j := awa.take_job(p_id, ARRAY['scheduled', 'available', 'running', 'retryable',
-                                  'waiting_external']::awa.job_state[]);
+    j := awa.take_moving_job(p_id, ARRAY['scheduled', 'available', 'running', 'retryable',
+                                         'waiting_external']::awa.job_state[]);
     IF j.id IS NULL THEN
         RETURN awa.job_state_of(p_id);
     END IF;
@@ -29,14 +53,15 @@ BEGIN
 END $$;
 
 -- Run a job again now: failed or cancelled jobs get fresh attempts;
--- scheduled and retryable jobs just stop waiting. Returns the new state, or
+-- scheduled and retryable jobs just stop waiting; a batch follow-up stays
+-- held while its batch is not done. Returns the new state, or
 -- the current one when there is nothing to retry (NULL for an unknown id).
 CREATE FUNCTION awa.retry_job(p_id bigint) RETURNS awa.job_state
 LANGUAGE plpgsql AS $$
 DECLARE
     j awa.jobs_hot;
 BEGIN
-    j := awa.take_job(p_id, ARRAY['scheduled', 'retryable', 'failed', 'cancelled']::awa.job_state[]);
+    j := awa.take_moving_job(p_id, ARRAY['scheduled', 'retryable', 'failed', 'cancelled']::awa.job_state[]);
     IF j.id IS NULL THEN
         RETURN awa.job_state_of(p_id);
     END IF;
@@ -49,8 +74,12 @@ BEGIN
             UPDATE awa.batches SET remaining = remaining + 1 WHERE id = j.batch_id AND remaining > 0;
         END IF;
     END IF;
-    IF j.run_at = 'infinity' THEN
-        RETURN 'scheduled';  -- a held batch follow-up waits for its batch
+    IF j.run_at = 'infinity' AND EXISTS (
+            SELECT 1 FROM awa.batches b
+             WHERE b.id = (j.metadata->>'awa:then_of')::bigint AND b.remaining > 0) THEN
+        j.state := 'scheduled';  -- a held batch follow-up keeps waiting for its batch
+        PERFORM awa.put_job(j);
+        RETURN j.state;
     END IF;
     j.state := 'available';
     j.run_at := now();
@@ -58,25 +87,64 @@ BEGIN
     RETURN j.state;
 END $$;
 
--- Find the job waiting on a callback and take it (row-locked). Raises a
--- clear error for unknown or already-resolved ids.
-CREATE FUNCTION awa.take_callback(p_callback uuid, p_states awa.job_state[])
+-- Callback ids a job replaced by registering a new one (a later attempt):
+-- remembered so that a late call with an old id says "already used", not
+-- "unknown". The leader forgets them after 30 days.
+CREATE TABLE awa.callbacks_retired (
+    callback_id uuid PRIMARY KEY,
+    job_id      bigint NOT NULL,
+    retired_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX callbacks_retired_at ON awa.callbacks_retired (retired_at);
+
+CREATE FUNCTION awa.retire_callback() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO awa.callbacks_retired (callback_id, job_id) VALUES (OLD.callback_id, OLD.id)
+        ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END $$;
+
+-- Only register_callback sets callback_id on the hot table, so this never
+-- runs on the claim or completion paths.
+CREATE TRIGGER jobs_hot_callback_replaced AFTER UPDATE OF callback_id ON awa.jobs_hot
+    FOR EACH ROW WHEN (OLD.callback_id IS NOT NULL AND OLD.callback_id IS DISTINCT FROM NEW.callback_id)
+    EXECUTE FUNCTION awa.retire_callback();
+
+-- Find the job a callback belongs to and take it (row-locked), if the
+-- callback is still live: the job waits on it (waiting_external), or the
+-- attempt that registered it still runs (its handler has not returned
+-- WaitForCallback yet; callback_timeout_at is cleared by every outcome but
+-- a wait, and by every resolution, so an older attempt's callback never
+-- matches a newer attempt). Raises a clear error for unknown ids and for
+-- ids whose job has moved on.
+CREATE FUNCTION awa.take_callback(p_callback uuid)
 RETURNS awa.jobs_hot
 LANGUAGE plpgsql AS $$
 DECLARE
     j awa.jobs_hot;
 BEGIN
-    DELETE FROM awa.jobs_deferred d
-     WHERE d.callback_id = p_callback AND d.state = ANY (p_states)
-    RETURNING d.* INTO j;
-    IF FOUND THEN RETURN j; END IF;
-    DELETE FROM awa.jobs_hot h
-     WHERE h.callback_id = p_callback AND h.state = ANY (p_states)
-    RETURNING h.* INTO j;
-    IF FOUND THEN RETURN j; END IF;
+    FOR i IN 1..10 LOOP
+        DELETE FROM awa.jobs_deferred d
+         WHERE d.callback_id = p_callback AND d.state = 'waiting_external'
+        RETURNING d.* INTO j;
+        IF FOUND THEN RETURN j; END IF;
+        DELETE FROM awa.jobs_hot h
+         WHERE h.callback_id = p_callback AND h.state = 'running' AND h.callback_timeout_at IS NOT NULL
+        RETURNING h.* INTO j;
+        IF FOUND THEN RETURN j; END IF;
+        -- The job may have parked between the two statements (running ->
+        -- waiting_external): look again while a live row exists.
+        EXIT WHEN NOT EXISTS (SELECT 1 FROM awa.jobs_deferred d
+                               WHERE d.callback_id = p_callback AND d.state = 'waiting_external')
+              AND NOT EXISTS (SELECT 1 FROM awa.jobs_hot h
+                               WHERE h.callback_id = p_callback AND h.state = 'running'
+                                 AND h.callback_timeout_at IS NOT NULL);
+    END LOOP;
     IF EXISTS (SELECT 1 FROM awa.jobs_hot WHERE callback_id = p_callback)
        OR EXISTS (SELECT 1 FROM awa.jobs_deferred WHERE callback_id = p_callback)
-       OR EXISTS (SELECT 1 FROM awa.jobs_done WHERE callback_id = p_callback) THEN
+       OR EXISTS (SELECT 1 FROM awa.jobs_done WHERE callback_id = p_callback)
+       OR EXISTS (SELECT 1 FROM awa.callbacks_retired WHERE callback_id = p_callback) THEN
         RAISE EXCEPTION 'callback % was already used (its job has moved on)', p_callback
             USING ERRCODE = 'P0002', HINT = 'awa:used_callback';
     END IF;
@@ -86,8 +154,11 @@ END $$;
 
 -- Resolve a callback. p_action: complete (payload becomes the result), fail
 -- (a failed attempt: retried with backoff while attempts remain), retry
--- (run the handler again now), resume (run the handler again with
--- ctx.callback_result = payload; the attempt is not counted).
+-- (run the handler again now, as a new attempt), resume (run the handler
+-- again with ctx.callback_result = payload; the attempt is not counted).
+-- A callback resolved before its handler returned WaitForCallback applies
+-- the same way; the handler's own outcome then matches no row (the lease
+-- guard wants a running row) and is dropped.
 CREATE FUNCTION awa.resolve_callback(p_callback uuid, p_action text, p_payload jsonb DEFAULT NULL,
                                      p_error text DEFAULT NULL)
 RETURNS TABLE (job_id bigint, new_state awa.job_state)
@@ -95,24 +166,24 @@ LANGUAGE plpgsql AS $$
 DECLARE
     j awa.jobs_hot;
 BEGIN
+    IF p_action NOT IN ('complete', 'fail', 'retry', 'resume') THEN
+        RAISE EXCEPTION 'unknown callback action %', p_action;
+    END IF;
+    j := awa.take_callback(p_callback);
     IF p_action = 'complete' THEN
-        j := awa.take_callback(p_callback, ARRAY['waiting_external', 'running']::awa.job_state[]);
         j := awa.apply_outcome(j, 'completed', p_result => p_payload);
     ELSIF p_action = 'fail' THEN
-        j := awa.take_callback(p_callback, ARRAY['waiting_external', 'running']::awa.job_state[]);
         j := awa.apply_outcome(j, 'failed', coalesce(p_error, 'failed by an external system'));
-    ELSIF p_action IN ('retry', 'resume') THEN
-        j := awa.take_callback(p_callback, ARRAY['waiting_external']::awa.job_state[]);
+    ELSE
         j.state := 'available';
         j.run_at := now();
+        j.deadline := NULL;
         IF p_action = 'resume' THEN
             j.callback_result := p_payload;
             j.attempt := greatest(j.attempt - 1, 0);  -- the resumed run continues this attempt
         ELSE
             j.callback_result := NULL;
         END IF;
-    ELSE
-        RAISE EXCEPTION 'unknown callback action %', p_action;
     END IF;
     j.callback_timeout_at := NULL;
     PERFORM awa.put_job(j);
@@ -121,7 +192,8 @@ BEGIN
     RETURN NEXT;
 END $$;
 
--- Leader: callbacks past their timeout count as failed attempts.
+-- Leader: callbacks past their timeout count as failed attempts (and
+-- retired callback ids older than 30 days are forgotten).
 CREATE FUNCTION awa.expire_callbacks(p_limit integer DEFAULT 500)
 RETURNS TABLE (job_id bigint, new_state awa.job_state)
 LANGUAGE plpgsql AS $$
@@ -129,6 +201,10 @@ DECLARE
     r record;
     j awa.jobs_hot;
 BEGIN
+    DELETE FROM awa.callbacks_retired c
+     WHERE c.callback_id IN (SELECT x.callback_id FROM awa.callbacks_retired x
+                              WHERE x.retired_at < now() - interval '30 days'
+                              LIMIT p_limit);
     FOR r IN
         SELECT d.id FROM awa.jobs_deferred d
          WHERE d.state = 'waiting_external' AND d.callback_timeout_at < now()
