@@ -42,11 +42,15 @@ class Completer:
         self.stats: Dict[str, int] = {}
 
     def add(self, outcome: Outcome) -> None:
+        latest = self.progress.pop(outcome.job_id, None)
+        if outcome.progress is None and latest is not None and latest[0] == outcome.lease:
+            # A child that died or was killed sent no final progress: its
+            # last checkpoint rides on the outcome instead of being dropped.
+            outcome = outcome._replace(progress=latest[1])
         if outcome.outcome == "completed":
             self.completed.append(outcome)
         else:
             self.others.append(outcome)
-        self.progress.pop(outcome.job_id, None)  # the outcome carries the final progress
         if self.first_pending_at is None:
             self.first_pending_at = time.monotonic()
 
