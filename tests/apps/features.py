@@ -98,13 +98,15 @@ def progress_hold(ctx) -> str:
 
 
 @awa_pool.task("progress_crash", pass_context=True, max_attempts=3)
-def progress_crash(ctx, rows: int = 10, crash_at: int = 7) -> dict:
-    """Checkpoint every row; on the first attempt die hard at `crash_at`."""
+def progress_crash(ctx, rows: int = 10, crash_at: int = 7, pause_s: float = 0.0) -> dict:
+    """Checkpoint every row (each takes `pause_s`); on the first attempt die
+    hard at `crash_at`."""
     start = ((ctx.progress or {}).get("metadata") or {}).get("row", 0)
     record("progress_crash", ctx.id, f"attempt={ctx.attempt} start={start}")
     for row in range(start, rows):
         if ctx.attempt == 1 and row == crash_at:
             os._exit(9)  # no outcome: the child just dies
+        time.sleep(pause_s)
         ctx.set_progress(100.0 * (row + 1) / rows, "row", row=row + 1)
     return {"resumed_from": start, "attempt": ctx.attempt}
 
