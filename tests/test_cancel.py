@@ -162,4 +162,4 @@ def test_cancel_arriving_as_the_job_completes(dsn, pools):
     assert scalar(dsn, "SELECT count(*) FROM awa.jobs WHERE id = ANY(%s)", (ids,)) == RACE_JOBS  # never both
     assert scalar(dsn, "SELECT count(*) FROM awa.jobs_hot") == 0  # never stuck
     assert count_lines(pools.log_dir, "finish_and_cancel") == RACE_JOBS  # none ran twice
-    assert finals["completed"] > 0 and finals["cancelled"] > 10, finals
+    assert finals["completed"] > 0 and finals["cancelled"] >= 10, finals
