@@ -1,6 +1,6 @@
 """Outcome batching: children's outcomes are buffered and written in a few
-lease-guarded statements (at ~200 pending or ~20 ms), so the success path
-costs no per-job SQL.
+lease-guarded statements by a background thread, so the success path costs
+no per-job SQL and writing overlaps claiming.
 
 A flush that fails keeps every entry for the next try: both statements are
 idempotent (a second application matches no row), so retrying after an
@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import psycopg2
 
-from .db import first_line, is_connection_error
+from .db import connect, first_line, is_connection_error
+from .errors import AwaError
 from .protocol import Outcome
 from .sql import QUERIES
 
@@ -190,3 +192,159 @@ def settle_entry(outcome: Outcome) -> Dict[str, Any]:
     if outcome.progress is not None:
         entry["progress"] = json.loads(outcome.progress)
     return entry
+
+
+class BackgroundCompleter:
+    """Writes outcomes from a thread with its own connection, so completion
+    writes overlap the main loop's claiming and dispatching.
+
+    Outcomes pile up while a flush is running, which batches them naturally
+    under load. A flush lost to a broken connection is merged back and
+    retried after a backoff; the thread never drops an entry on its own.
+    """
+
+    COALESCE_S = 0.002   # at low load, wait this long for company before flushing
+
+    def __init__(self, dsn: str, max_crashes: int) -> None:
+        self.dsn = dsn
+        self.max_crashes = max_crashes
+        self.buffer = Completer(max_crashes)
+        self.lock = threading.Lock()
+        self.flushed = threading.Condition(self.lock)
+        self.wakeup = threading.Event()
+        self.in_flight: Set[int] = set()
+        self.conn: Optional[Any] = None
+        self.stopping = False
+        self.thread: Optional[threading.Thread] = None
+        self.stats: Dict[str, int] = {}
+        self.failures = 0
+        self.force = False  # flush progress at once (shutdown)
+        self.on_applied: Optional[Any] = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="awa-pool-completer", daemon=True)
+        self.thread.start()
+
+    def add(self, outcome: Outcome) -> None:
+        with self.lock:
+            self.buffer.add(outcome)
+        self.wakeup.set()
+
+    def add_progress(self, job_id: int, lease: int, progress_json: str) -> None:
+        with self.lock:
+            self.buffer.add_progress(job_id, lease, progress_json)
+
+    @property
+    def pending(self) -> int:
+        with self.lock:
+            return self.buffer.pending + len(self.in_flight)
+
+    def pending_ids(self) -> Set[int]:
+        with self.lock:
+            return ({o.job_id for o in self.buffer.completed + self.buffer.others} | set(self.in_flight))
+
+    def fileno(self) -> Optional[int]:
+        conn = self.conn
+        try:
+            return conn.fileno() if conn is not None and not conn.closed else None
+        except psycopg2.Error:
+            return None
+
+    def drain(self, timeout: float) -> bool:
+        """Block until everything pending is written (True) or timeout (False)."""
+        deadline = time.monotonic() + timeout
+        self.force = True
+        self.wakeup.set()
+        with self.lock:
+            while self.buffer.pending or self.in_flight or self.buffer.progress:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self.flushed.wait(min(remaining, 0.1))
+                self.wakeup.set()
+        return True
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.stopping = True
+        self.wakeup.set()
+        if self.thread is not None:
+            self.thread.join(timeout)
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except psycopg2.Error:
+                pass
+            self.conn = None
+
+    def _run(self) -> None:
+        while not self.stopping:
+            with self.lock:
+                due_at = self.buffer.progress_due_at
+            wait = 1.0 if due_at is None else max(0.0, due_at - time.monotonic())
+            self.wakeup.wait(wait)
+            self.wakeup.clear()
+            with self.lock:
+                small = 0 < self.buffer.pending < FLUSH_SIZE // 4
+            if small:
+                time.sleep(self.COALESCE_S)
+            self._flush_once()
+
+    def _flush_once(self) -> None:
+        with self.lock:
+            batch = self.buffer
+            progress_due = batch.progress_due_at is not None and (
+                self.force or time.monotonic() >= batch.progress_due_at)
+            if not batch.pending and not progress_due:
+                self.flushed.notify_all()
+                return
+            if not progress_due:
+                # keep progress buffered until its interval; flush outcomes now
+                self.buffer = Completer(self.max_crashes)
+                self.buffer.progress, batch.progress = batch.progress, {}
+                self.buffer.progress_due_at, batch.progress_due_at = batch.progress_due_at, None
+            else:
+                self.buffer = Completer(self.max_crashes)
+            self.in_flight = {o.job_id for o in batch.completed + batch.others}
+        try:
+            if self.conn is None or self.conn.closed:
+                self.conn = connect(self.dsn, autocommit=True, connect_timeout=5)
+                with self.conn.cursor() as cur:
+                    cur.execute(QUERIES["worker_session"])
+            with self.conn.cursor() as cur:
+                applied = batch.flush(cur)
+            self.failures = 0
+            for _, state in applied:
+                self.stats[state] = self.stats.get(state, 0) + 1
+            if self.on_applied is not None and applied:
+                self.on_applied(applied)
+        except (psycopg2.Error, AwaError) as exc:
+            self.failures += 1
+            if self.failures == 1:
+                log.warning("writing outcomes failed (%s); retrying with backoff, nothing is dropped",
+                            first_line(exc))
+            if self.conn is not None:
+                try:
+                    self.conn.close()
+                except psycopg2.Error:
+                    pass
+            self.conn = None
+            with self.lock:
+                self.buffer = _merge(batch, self.buffer)
+            self.wakeup.wait(min(5.0, 0.1 * (2 ** min(self.failures, 6))))
+            self.wakeup.set()  # try again right after the backoff
+        finally:
+            with self.lock:
+                self.in_flight = set()
+                self.flushed.notify_all()
+
+
+def _merge(older: Completer, newer: Completer) -> Completer:
+    """Put a failed batch back in front of what arrived meanwhile."""
+    merged = Completer(older.max_crashes)
+    merged.completed = older.completed + newer.completed
+    merged.others = older.others + newer.others
+    merged.progress = {**older.progress, **newer.progress}
+    merged.first_pending_at = older.first_pending_at or newer.first_pending_at
+    dues = [t for t in (older.progress_due_at, newer.progress_due_at) if t is not None]
+    merged.progress_due_at = min(dues) if dues else None
+    return merged

@@ -15,7 +15,7 @@ import psycopg2
 import psycopg2.extensions
 import psycopg2.extras
 from tenacity import (RetryError, Retrying, retry_if_exception_type, stop_after_delay,
-                      wait_exponential_jitter)
+                      wait_exponential, wait_random)
 
 from .errors import ConfigError, DatabaseUnavailable
 
@@ -102,7 +102,7 @@ def connect(url: str, *, autocommit: bool = False, retry_for: float = 0.0,
         for attempt in Retrying(
             retry=retry_if_exception_type(psycopg2.OperationalError),
             stop=stop_after_delay(retry_for),
-            wait=wait_exponential_jitter(initial=0.1, max=2.0),
+            wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
             reraise=True,
         ):
             with attempt:

@@ -23,12 +23,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import psycopg2
 import psycopg2.extensions
-from tenacity import RetryCallState, wait_exponential_jitter
+from tenacity import RetryCallState, wait_exponential, wait_random
 
 from . import dispatcher, fetcher
 from .child import EXIT_HOOK_FAILED
 from .children import ChildHandle, Children
-from .completer import Completer
+from .completer import BackgroundCompleter
 from .config import PoolConfig, QueueConfig
 from .db import connect, describe, first_line, is_connection_error
 from .errors import AwaError, ConfigError, UnknownCallback
@@ -64,7 +64,7 @@ class Supervisor:
         self.notifier = Notifier(config.dsn)
         self.listen_ok = True
         self.notify_fd = -1
-        self.completer = Completer(config.max_crashes)
+        self.completer = BackgroundCompleter(config.dsn, config.max_crashes)
         self.children = Children(config.workers, result_max_bytes=config.result_max_bytes,
                                  max_tasks_per_child=config.max_tasks_per_child,
                                  inherited_fds=self._inherited_fds)
@@ -85,7 +85,7 @@ class Supervisor:
         self.db_lost_at: Optional[float] = None
         self.reconnect_at = 0.0
         self.reconnect_attempts = 0
-        self._backoff = wait_exponential_jitter(initial=0.2, max=5.0)
+        self._backoff = wait_exponential(multiplier=0.2, max=5.0) + wait_random(0, 0.2)
         now = time.monotonic()
         self.next_heartbeat = now
         self.next_poll = now
@@ -125,6 +125,7 @@ class Supervisor:
                 cur.execute(QUERIES["configure_queue"], {"name": name, "dlq": queue.dlq, "rate": queue.rate})
         register_schedules(self.conn)
         self._refresh_settings()
+        self.completer.start()
         self.notifier.open()
         self.listen_ok = self._probe_listen()
         self._install_signals()
@@ -202,6 +203,9 @@ class Supervisor:
                     sockets.append(conn.fileno())
                 except psycopg2.Error:
                     pass
+        completer_fd = self.completer.fileno()
+        if completer_fd is not None:
+            sockets.append(completer_fd)
         return close, sockets
 
     def _watch_notifier(self) -> None:
@@ -245,8 +249,6 @@ class Supervisor:
         if self.conn is None:
             self._maybe_reconnect(now)
         self._maintain_children()
-        if self.conn is not None and (self.completer.due(now) or (self.completer.pending and self._idle_loop())):
-            self._flush()
         if now >= self.next_heartbeat and self.conn is not None:
             self._heartbeat(now)
         if now >= self.next_poll:
@@ -256,15 +258,9 @@ class Supervisor:
         if self.state in (DRAINING, STOPPING):
             self._advance_shutdown(time.monotonic())
 
-    def _idle_loop(self) -> bool:
-        return not any(child.busy for child in self.children.all())
-
     def _next_timeout(self) -> float:
         now = time.monotonic()
         candidates = [self.next_heartbeat, self.next_poll]
-        due = self.completer.next_due()
-        if due is not None:
-            candidates.append(due)
         if self.conn is None:
             candidates.append(self.reconnect_at)
         for child in self.children.all():
@@ -459,12 +455,8 @@ class Supervisor:
         self._event("db_reconnected", {"outage_s": round(outage, 3)})
         for name in self.queues:
             self.has_work[name] = True
-        self._flush()
         self._reconcile()
         self.next_heartbeat = now
-
-    def _flush(self) -> None:
-        self._db("writing outcomes", self.completer.flush)
 
     def _reconcile(self) -> None:
         """Release jobs the database says this supervisor runs but no child
@@ -476,14 +468,13 @@ class Supervisor:
         if not rows:
             return
         held = self.children.inflight_leases()
-        pending = {o.job_id for o in self.completer.completed + self.completer.others}
+        pending = self.completer.pending_ids()
         orphans = [(job_id, lease) for job_id, lease in rows
                    if held.get(job_id) != lease and job_id not in pending]
         if orphans:
             log.warning("releasing %d job(s) claimed by this supervisor but held by no child", len(orphans))
             for job_id, lease in orphans:
                 self.completer.add(Outcome(job_id, lease, "released"))
-            self._flush()
 
     def _heartbeat(self, now: float) -> None:
         self.next_heartbeat = now + self.config.heartbeat_interval
@@ -705,22 +696,18 @@ class Supervisor:
             self.state = STOPPED
 
     def _final_flush(self) -> None:
-        deadline = time.monotonic() + FINAL_FLUSH_TIMEOUT_S
-        while self.completer.pending and time.monotonic() < deadline:
-            if self.conn is None:
-                self.reconnect_at = 0.0
-                self._maybe_reconnect(time.monotonic())
-                if self.conn is None:
-                    time.sleep(0.2)
-                    continue
-            self._flush()
-        if self.completer.pending:
+        if not self.completer.drain(FINAL_FLUSH_TIMEOUT_S):
             log.error("could not record %d outcome(s) before exiting; the leader will rescue "
                       "those jobs", self.completer.pending)
+        self.completer.stop()
+        if self.conn is None:
+            self.reconnect_at = 0.0
+            self._maybe_reconnect(time.monotonic())
         self._db("marking the supervisor stopped", lambda cur: cur.execute(
             QUERIES["supervisor_stopped"], {"id": self.supervisor_id, "stats": json.dumps(self.stats())}))
 
     def _cleanup(self) -> None:
+        self.completer.stop()
         if self.leader is not None:
             self.leader.stop()
         for child in self.children.all():

@@ -148,8 +148,11 @@ BEGIN
             AS o(id, lease, wall_s, cpu_s, peak_rss)
     ),
     moved AS (
+        -- Look each id up by primary key. (state::text keeps the planner off
+        -- the partial index of running rows, which a cached generic plan
+        -- would otherwise scan once per outcome.)
         DELETE FROM awa.jobs_hot h USING o
-         WHERE h.id = o.id AND h.lease = o.lease AND h.state = 'running'
+         WHERE h.id = o.id AND h.lease = o.lease AND h.state::text = 'running'
         RETURNING h.id, h.kind, h.queue, h.args, h.priority, h.run_at, h.created_at,
                   h.attempt, h.max_attempts, h.lease, h.timeout_s, h.tags, h.metadata,
                   h.unique_key, h.lane, h.ordering_key, h.batch_id, h.supervisor_id,
@@ -320,7 +323,7 @@ DECLARE
 BEGIN
     UPDATE awa.jobs_hot h SET progress = o.progress
       FROM unnest(p_ids, p_leases, p_progress) AS o(id, lease, progress)
-     WHERE h.id = o.id AND h.lease = o.lease AND h.state = 'running';
+     WHERE h.id = o.id AND h.lease = o.lease AND h.state::text = 'running';
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END $$;
@@ -341,7 +344,8 @@ BEGIN
          FOR UPDATE SKIP LOCKED
     ),
     moved AS (
-        DELETE FROM awa.jobs_deferred d USING due WHERE d.id = due.id RETURNING d.*
+        DELETE FROM awa.jobs_deferred d
+         WHERE d.id = ANY (ARRAY(SELECT due.id FROM due)) RETURNING d.*
     )
     INSERT INTO awa.jobs_hot (
         id, kind, queue, args, state, priority, run_at, created_at, attempt,
