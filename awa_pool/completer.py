@@ -124,7 +124,7 @@ class Completer:
                 applied += self._settle_one(cur, outcome)
             return applied
         self.completed = []
-        return [(o.job_id, "completed") for o in batch]
+        return [(row[0], "completed") for row in cur.fetchall()]
 
     def _flush_others(self, cur: Any) -> List[Tuple[int, str]]:
         batch = self.others

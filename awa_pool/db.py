@@ -84,9 +84,14 @@ def describe(url: str) -> str:
     return f"{parts.get('user', '')}@{host}:{port}/{parts.get('dbname', '')}"
 
 
+# A server that vanishes without closing the connection (host down, network
+# cut) must be noticed in seconds, not after the kernel's two-hour default.
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
+
+
 def _open(url: str, *, autocommit: bool, connect_timeout: int) -> psycopg2.extensions.connection:
     conn = psycopg2.connect(url, application_name=APPLICATION_NAME,
-                            connect_timeout=max(1, connect_timeout))
+                            connect_timeout=max(1, connect_timeout), **KEEPALIVES)
     conn.autocommit = autocommit
     return conn
 

@@ -101,8 +101,8 @@ def test_rescue_lost_requeues_jobs_of_dead_supervisors_only(auto, dsn) -> None:
     assert again == dead_job and new_lease == old_lease + 1
     assert awa_pool.get_job(auto, dead_job).attempt == 2
     before = job_row(dsn, dead_job)
-    assert scalar(dsn, "SELECT awa.complete_jobs(%s, %s, '{1}', '{1}', '{1}')",
-                  ([dead_job], [old_lease])) == 0
+    assert query(dsn, "SELECT * FROM awa.complete_jobs(%s, %s, '{1}', '{1}', '{1}')",
+                 ([dead_job], [old_lease])) == []
     assert query(dsn, "SELECT * FROM awa.settle_jobs(%s::jsonb)", (json.dumps(
         [{"id": dead_job, "lease": old_lease, "outcome": "failed", "error": "late"}]),)) == []
     assert job_row(dsn, dead_job) == before

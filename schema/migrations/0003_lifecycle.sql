@@ -132,17 +132,17 @@ BEGIN
 END $$;
 
 -- The success path, set-based: move completed jobs from the hot table to
--- terminal history in one statement. Arrays are parallel, one entry per job;
+-- terminal history in one statement; returns the ids it applied (a stale
+-- lease applies nothing). Arrays are parallel, one entry per job;
 -- p_extra maps a job id (as text) to {"result": ..., "progress": ...} for the
 -- jobs that have either, so the common no-result case sends only numbers.
 CREATE FUNCTION awa.complete_jobs(
     p_ids bigint[], p_leases bigint[], p_wall real[], p_cpu real[], p_rss bigint[],
     p_extra jsonb DEFAULT '{}')
-RETURNS integer
+RETURNS SETOF bigint
 LANGUAGE plpgsql AS $$
-DECLARE
-    n integer;
 BEGIN
+    RETURN QUERY
     WITH o AS (
         SELECT * FROM unnest(p_ids, p_leases, p_wall, p_cpu, p_rss)
             AS o(id, lease, wall_s, cpu_s, peak_rss)
@@ -175,9 +175,8 @@ BEGIN
            x.e->'result', callback_id, callback_timeout_at, callback_result,
            false, (SELECT r.current FROM awa.done_ring r)
       FROM moved m
-      LEFT JOIN LATERAL (SELECT p_extra->(m.id::text) AS e) x ON true;
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
+      LEFT JOIN LATERAL (SELECT p_extra->(m.id::text) AS e) x ON true
+    RETURNING jobs_done.id;
 END $$;
 
 -- Apply one outcome to a job row taken out of its table; returns the row as
