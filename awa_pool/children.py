@@ -160,7 +160,12 @@ class Children:
         child.queue = queue
         child.inflight = [InFlight(row[0], row[7], row[1], row[2], timeout)
                           for row, timeout in zip(rows, timeouts)]
-        send(child.down_fd, (RUN, list(rows)))
+        try:
+            send(child.down_fd, (RUN, list(rows)))
+        except (BrokenPipeError, OSError):
+            # It died since it reported idle; the reaper releases these jobs
+            # (none of them started) when its sentinel fires.
+            log.warning("child %d is gone; %d claimed job(s) go back to the queue", child.pid, len(rows))
 
     def read(self, child: ChildHandle) -> Tuple[List[Outcome], List[tuple]]:
         """Messages from a child: (outcomes reported, other messages)."""
