@@ -43,9 +43,11 @@ def get(dsn: str, job_id: int) -> Optional[JobRecord]:
 def wait_state(dsn: str, job_id: int, state: "str | Sequence[str]", timeout: float = 30.0,
                message: str = "") -> JobRecord:
     wanted = (state,) if isinstance(state, str) else tuple(state)
-    return wait_for(lambda: (r := get(dsn, job_id)) is not None and r.state in wanted and r,
-                    timeout=timeout,
-                    message=message or f"job {job_id} to be {'/'.join(wanted)} (now {get(dsn, job_id)})")
+    try:
+        return wait_for(lambda: (r := get(dsn, job_id)) is not None and r.state in wanted and r,
+                        timeout=timeout, message=message or f"job {job_id} to be {'/'.join(wanted)}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the job is now {get(dsn, job_id)}") from None
 
 
 def wait_all(dsn: str, ids: Iterable[int], state: str, timeout: float = 30.0) -> List[JobRecord]:
