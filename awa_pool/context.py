@@ -8,13 +8,12 @@ awa_pool.testing.
 from __future__ import annotations
 
 import contextvars
-import json
 import math
 from datetime import datetime, timedelta, timezone
 from typing import Any, Dict, List, Optional, Protocol
 
 from .errors import AwaError, Seconds, to_seconds
-from .job import JobRecord, _check_json_value
+from .job import JobRecord, check_json
 
 _current: "contextvars.ContextVar[Optional[JobContext]]" = contextvars.ContextVar(
     "awa_pool_job_context", default=None)
@@ -104,9 +103,9 @@ class JobContext:
             raise ValueError(f"percent must be from 0 to 100, got {percent}")
         if message is not None and not isinstance(message, str):
             raise TypeError("message must be a string")
-        _check_json_value(metadata, "progress metadata")
+        check_json(metadata, "progress metadata")
         progress = {"percent": percent, "message": message, "metadata": metadata}
-        text = json.dumps(progress, ensure_ascii=False, separators=(",", ":"))
+        text = check_json(progress, "progress")
         if len(text) > PROGRESS_MAX_BYTES:
             raise ValueError(f"progress is {len(text)} bytes of JSON; the limit is {PROGRESS_MAX_BYTES}")
         self.progress = progress

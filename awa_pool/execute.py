@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional
 
 from .context import Channel, JobContext, WaitForCallback, reset_current, set_current
 from .errors import Cancel, Retry, Snooze
-from .job import _check_json_value
+from .job import check_json
 from .protocol import JobSpec, Outcome
 from .tasks import Task, registered
 
@@ -111,8 +111,7 @@ def run(job: JobSpec, channel: Channel, *, result_max_bytes: int = 1024 * 1024) 
     if value is None:
         return finish("completed")
     try:
-        _check_json_value(value, "result")
-        result = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        result = check_json(value, "result")
     except (TypeError, ValueError) as exc:
         return finish("fatal", error=f"the handler's return value is not JSON-serializable: {exc}")
     if len(result) > result_max_bytes:

@@ -60,48 +60,103 @@ def check_name(value: Any, what: str) -> str:
     return value
 
 
+def _bad_text(text: str, path: str) -> None:
+    raise ValueError(f"{path} contains a NUL character, which Postgres cannot store")
+
+
 def _check_json_value(value: Any, path: str) -> None:
-    if value is None or isinstance(value, (bool, int)):
+    """Raise TypeError/ValueError naming the first non-JSON value under path.
+
+    Written for speed on the common shapes (flat dicts of str/int/bool):
+    exact type checks first, paths formatted only when descending.
+    """
+    kind = type(value)
+    if kind is str:
+        if "\x00" in value:
+            _bad_text(value, path)
         return
-    if isinstance(value, float):
+    if kind is int or kind is bool or value is None:
+        return
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                if not isinstance(key, str):
+                    raise TypeError(f"{path} has a non-string key {key!r}: JSON object keys are strings")
+            if "\x00" in key:
+                _bad_text(key, f"{path} key")
+            item_kind = type(item)
+            if item_kind is str:
+                if "\x00" in item:
+                    _bad_text(item, f"{path}[{key!r}]")
+            elif not (item_kind is int or item_kind is bool or item is None):
+                _check_json_value(item, f"{path}[{key!r}]")
+        return
+    if kind is list or kind is tuple:
+        for index, item in enumerate(value):
+            _check_json_value(item, f"{path}[{index}]")
+        return
+    if kind is float:
         if value != value or value in (float("inf"), float("-inf")):
             raise ValueError(f"{path} is {value!r}: NaN and infinity are not JSON")
         return
-    if isinstance(value, str):
-        _check_text(value, path)
+    # subclasses of the JSON types (IntEnum, OrderedDict...) take the slow road
+    if isinstance(value, bool) or isinstance(value, int):
         return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(f"{path} has a non-string key {key!r}: JSON object keys are strings")
-            _check_text(key, f"{path} key")
-            _check_json_value(item, f"{path}[{key!r}]")
+    if isinstance(value, float):
+        _check_json_value(float(value), path)
+        return
+    if isinstance(value, str):
+        _check_json_value(str(value), path)
+        return
+    if isinstance(value, Mapping):
+        _check_json_value(dict(value), path)
         return
     if isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            _check_json_value(item, f"{path}[{index}]")
+        _check_json_value(list(value), path)
         return
     raise TypeError(f"{path} is a {type(value).__name__}, which is not JSON-serializable")
 
 
-def _check_text(text: str, path: str) -> None:
-    if "\x00" in text:
-        raise ValueError(f"{path} contains a NUL character, which Postgres cannot store")
+def _find_surrogate(value: Any, path: str) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{path} contains a lone surrogate, which is not valid UTF-8") from None
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _find_surrogate(key, f"{path} key")
+            _find_surrogate(item, f"{path}[{key!r}]")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _find_surrogate(item, f"{path}[{index}]")
+
+
+# One encoder for all: json.dumps with options builds a new encoder per call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+def check_json(value: Any, what: str) -> str:
+    """Validate any JSON value; return its compact JSON text."""
+    _check_json_value(value, what)
+    text = _ENCODER.encode(value)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError(f"{path} contains a lone surrogate, which is not valid UTF-8") from None
+        _find_surrogate(value, what)
+        raise ValueError(f"{what} is not valid UTF-8") from None
+    return text
 
 
 def json_object(value: Any, what: str) -> Tuple[Dict[str, Any], str]:
     """Validate a JSON object (dict) and return it with its JSON text."""
     if value is None:
         return {}, "{}"
-    if not isinstance(value, Mapping):
-        raise TypeError(f"{what} must be a dict (a JSON object), not {type(value).__name__}")
-    value = dict(value)
-    _check_json_value(value, what)
-    return value, json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    if type(value) is not dict:
+        if not isinstance(value, Mapping):
+            raise TypeError(f"{what} must be a dict (a JSON object), not {type(value).__name__}")
+        value = dict(value)
+    return value, check_json(value, what)
 
 
 def check_priority(value: Any) -> int:
@@ -159,6 +214,7 @@ class Unique:
 
 
 _UNSET: Any = object()
+_NOTHING_EXPLICIT: FrozenSet[str] = frozenset()
 JOB_DEFAULTS = {"queue": "default", "priority": 2, "max_attempts": 25, "timeout": None}
 
 
@@ -181,9 +237,11 @@ class Job:
                  unique: Optional[Unique] = None, tags: Iterable[str] = (),
                  metadata: Optional[Mapping[str, Any]] = None,
                  ordering_key: Optional[str] = None) -> None:
-        explicit = frozenset(name for name, value in (
-            ("queue", queue), ("priority", priority), ("max_attempts", max_attempts),
-            ("timeout", timeout)) if value is not _UNSET)
+        explicit = _NOTHING_EXPLICIT if (queue is _UNSET and priority is _UNSET and max_attempts is _UNSET
+                                         and timeout is _UNSET) else frozenset(
+            name for name, value in (("queue", queue), ("priority", priority),
+                                     ("max_attempts", max_attempts), ("timeout", timeout))
+            if value is not _UNSET)
         set_ = object.__setattr__
         set_(self, "explicit", explicit)
         set_(self, "kind", check_name(kind, "kind"))
@@ -208,9 +266,12 @@ class Job:
         if unique is not None and not isinstance(unique, Unique):
             raise TypeError(f"unique must be an awa_pool.Unique, not {type(unique).__name__}")
         set_(self, "unique", unique)
-        if isinstance(tags, (str, bytes)) or not isinstance(tags, Iterable):
+        if type(tags) is tuple and not tags:
+            tag_tuple: Tuple[str, ...] = ()
+        elif isinstance(tags, (str, bytes)) or not isinstance(tags, Iterable):
             raise TypeError("tags must be a collection of strings, not a single string")
-        tag_tuple = tuple(tags)
+        else:
+            tag_tuple = tuple(tags)
         if len(tag_tuple) > MAX_TAGS:
             raise ValueError(f"a job may have at most {MAX_TAGS} tags, got {len(tag_tuple)}")
         for tag in tag_tuple:
