@@ -152,8 +152,8 @@ def _payload_json(payload: Any) -> Optional[str]:
         return None
     try:
         text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"the callback payload must be JSON-serializable: {exc}") from None
+    except (TypeError, ValueError) as exc:  # a type json cannot take, or NaN/infinity
+        raise type(exc)(f"the callback payload must be JSON-serializable: {exc}") from None
     if len(text) > PAYLOAD_MAX_BYTES:
         raise PayloadTooLarge(f"the callback payload is {len(text)} bytes of JSON, over the "
                               f"{PAYLOAD_MAX_BYTES}-byte limit: store big payloads elsewhere "

@@ -152,6 +152,10 @@ def test_unknown_malformed_and_used_ids_raise_clearly_and_leave_the_transaction_
             awa_pool.fail_external(conn, used, "")
         with pytest.raises((TypeError, ValueError)):
             awa_pool.complete_external(conn, used, {"not json": {1, 2}})
+        with pytest.raises(ValueError):
+            awa_pool.resume_external(conn, used, {"nan": float("nan")})
+        with pytest.raises(awa_pool.PayloadTooLarge, match="over the 1048576-byte limit"):
+            awa_pool.complete_external(conn, used, "x" * (1024 * 1024 + 1))
     assert get(dsn, job_id).result == 1
 
 
