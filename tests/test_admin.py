@@ -137,7 +137,8 @@ def test_queue_stats_counts_every_state_and_measures_lag(dsn, pools):
         Job("fail", max_attempts=1),                                    # failed
         Job("retry_then_ok", {"times": 1, "delay": 3600}),              # retryable
         Job("cb_wait"),                                                 # waiting_external
-        Job("member", {"i": 1, "gate": "stats"}),                       # running
+        Job("member", {"i": 1, "gate": "stats"}, queue="slow"),         # running (alone in its queue,
+                                                                        # so no child batch waits on it)
         Job("tick", {"n": 2}, delay=3600),                              # scheduled
         Job("tick", {"n": 3}, queue="idle",                             # available, 30 s late
             run_at=datetime.now(timezone.utc) - timedelta(seconds=30)),
@@ -147,7 +148,7 @@ def test_queue_stats_counts_every_state_and_measures_lag(dsn, pools):
     cancelled = enqueue_jobs(dsn, Job("tick", {"n": 5}, queue="idle"))[0]
     _admin(dsn, awa_pool.cancel_job, cancelled)
     _admin(dsn, awa_pool.pause_queue, "quiet")  # known, with no jobs at all
-    pools.start(app=APP, workers=2)
+    pools.start("--queue", "default", "--queue", "slow", app=APP, workers=2)
     wait_all(dsn, [completed], "completed")
     wait_state(dsn, failed, "failed")
     wait_state(dsn, retryable, "retryable")
@@ -158,8 +159,9 @@ def test_queue_stats_counts_every_state_and_measures_lag(dsn, pools):
     default = stats["default"]
     assert (default.available, default.running, default.scheduled, default.retryable,
             default.waiting_external, default.completed, default.failed, default.cancelled) == (
-        0, 1, 1, 1, 1, 1, 1, 0)
+        0, 0, 1, 1, 1, 1, 1, 0)
     assert default.lag_seconds == 0 and not default.paused
+    assert (stats["slow"].running, stats["slow"].available) == (1, 0)
     idle = stats["idle"]
     assert (idle.available, idle.cancelled, idle.running) == (2, 1, 0)
     assert 29 <= idle.lag_seconds < 120  # the oldest available job's age
@@ -168,4 +170,4 @@ def test_queue_stats_counts_every_state_and_measures_lag(dsn, pools):
 
     open_gate(pools.log_dir, "stats")
     wait_state(dsn, running, "completed")
-    assert _stats(dsn)["default"].completed == 2
+    assert (_stats(dsn)["slow"].completed, _stats(dsn)["slow"].running) == (1, 0)
