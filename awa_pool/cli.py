@@ -1,7 +1,10 @@
 """The awa-pool command line (typer). The only module that prints or exits.
 
-User mistakes (bad URL, unreachable database, bad JSON, unknown queue...)
-end with one line on stderr and a non-zero exit, never a traceback.
+User mistakes (bad URL, unreachable database, bad JSON, unknown queue, job
+or periodic job...) end with one line on stderr starting with "error: " and
+a non-zero exit, never a traceback. Tables are for people; `--json` is for
+scripts. Formatting lives in cli_output.py and top.py, queries in stats.py
+and admin.py.
 """
 from __future__ import annotations
 
@@ -9,11 +12,14 @@ import json
 import logging
 import os
 import sys
+import time
 from contextlib import contextmanager
-from typing import Any, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+import psycopg2
 import typer
 
+from . import cli_output as out
 from . import db, embedded
 from .errors import AwaError
 from .version import __version__
@@ -26,8 +32,18 @@ except ImportError:  # pragma: no cover - older typer
 _ABORTS = tuple({cls for cls in (getattr(click_exceptions, "Abort", None), getattr(typer, "Abort", None))
                  if cls is not None})
 
+ENQUEUE_CHUNK = 1000   # jobs per enqueue_many call in bulk mode (one progress step each)
+
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="awa_pool: a Postgres job queue with a pre-fork worker pool.")
+jobs_app = typer.Typer(no_args_is_help=True, help="Inspect and operate on jobs.")
+queues_app = typer.Typer(help="Per-queue counts, throughput and lag; pause and resume.")
+dlq_app = typer.Typer(no_args_is_help=True, help="The dead-letter queue (queues started with the dlq option).")
+cron_app = typer.Typer(no_args_is_help=True, help="Periodic jobs (registered when a pool starts).")
+app.add_typer(jobs_app, name="jobs")
+app.add_typer(queues_app, name="queues")
+app.add_typer(dlq_app, name="dlq")
+app.add_typer(cron_app, name="cron")
 
 DB_URL = typer.Option(None, "--database-url", envvar=None, metavar="URL",
                       help="Postgres URL (default: $AWA_DATABASE_URL, $DATABASE_URL, "
@@ -48,7 +64,7 @@ def note(message: str) -> None:
 
 
 def emit_json(value: Any) -> None:
-    typer.echo(json.dumps(value, default=str, indent=2, ensure_ascii=False))
+    typer.echo(out.to_json(value))
 
 
 def resolve_url(database_url: Optional[str]) -> str:
@@ -81,11 +97,19 @@ def _version_callback(value: bool) -> None:
         raise typer.Exit()
 
 
+def _duration(value: Optional[str], what: str) -> Optional[float]:
+    from .config import parse_duration
+
+    return None if value is None else parse_duration(value, what=what)
+
+
 @app.callback()
 def root(version: bool = typer.Option(False, "--version", callback=_version_callback,
                                       is_eager=True, help="Show the version and exit.")) -> None:
     """awa_pool: a Postgres job queue with a pre-fork worker pool."""
 
+
+# -- schema and health -----------------------------------------------------------
 
 @app.command()
 def migrate(check: bool = typer.Option(False, "--check", help="Only report; exit 1 when behind."),
@@ -109,6 +133,20 @@ def migrate(check: bool = typer.Option(False, "--check", help="Only report; exit
 
 
 @app.command()
+def health(database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
+    """Exit 0 when the database is reachable and the schema is current (for probes)."""
+    from .migrate import LATEST_VERSION
+
+    with connection(database_url):
+        if json_out:
+            emit_json({"ok": True, "schema_version": LATEST_VERSION})
+        else:
+            say(f"ok: database reachable, schema at version {LATEST_VERSION}")
+
+
+# -- running a supervisor --------------------------------------------------------
+
+@app.command()
 def start(workers: int = typer.Option(os.cpu_count() or 1, "--workers", "-w", help="Child processes."),
           app_module: Optional[str] = typer.Option(None, "--app", "-a",
                                                    help="Module(s) declaring the tasks (comma-separated)."),
@@ -123,12 +161,13 @@ def start(workers: int = typer.Option(os.cpu_count() or 1, "--workers", "-w", he
           max_crashes: int = typer.Option(3, "--max-crashes", help="Crashes before a job is failed as poison."),
           retention_completed: str = typer.Option("24h", "--retention-completed"),
           retention_failed: str = typer.Option("7d", "--retention-failed"),
-          metrics_port: Optional[int] = typer.Option(None, "--metrics-port"),
-          log_level: str = typer.Option("info", "--log-level"),
+          metrics_port: Optional[int] = typer.Option(None, "--metrics-port",
+                                                     help="Serve Prometheus metrics on this port (0 picks one)."),
+          log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
           log_format: str = typer.Option("text", "--log-format", help="text or json."),
           migrate_first: bool = typer.Option(False, "--migrate", help="Apply pending migrations first."),
           database_url: Optional[str] = DB_URL) -> None:
-    """Run a supervisor with its pool of child processes."""
+    """Run a supervisor with its pool of child processes (SIGTERM drains)."""
     from .config import PoolConfig, parse_duration, parse_queues, parse_size
     from .logs import configure_logging
     from .migrate import migrate as apply_migrations
@@ -155,30 +194,62 @@ def start(workers: int = typer.Option(os.cpu_count() or 1, "--workers", "-w", he
             apply_migrations(conn)
         finally:
             conn.close()
-    code = Supervisor(config).run()
+    supervisor = Supervisor(config)
+    metrics = None
+    if metrics_port is not None:
+        from .metrics import attach
+
+        metrics = attach(supervisor, metrics_port)
+    try:
+        code = supervisor.run()
+    finally:
+        if metrics is not None:
+            metrics.close()
     if code:
         raise typer.Exit(code)
 
 
+# -- producing ---------------------------------------------------------------------
+
 @app.command()
-def enqueue(kind: str = typer.Argument(..., help="The job kind."),
-            args: str = typer.Option("{}", "--args", help="Job args as a JSON object."),
+def enqueue(kind: Optional[str] = typer.Argument(None, help="The job kind (omit with --file)."),
+            args: Optional[str] = typer.Option(None, "--args", help="Job args as a JSON object."),
+            file: Optional[str] = typer.Option(
+                None, "--file", "-f", metavar="JOBS.jsonl",
+                help="Bulk: one JSON object per line with kind, args, queue, priority, delay, run_at, "
+                     "max_attempts, timeout, tags, metadata, ordering_key, unique ('-' reads stdin). "
+                     "All lines are checked first, then inserted in one transaction."),
             queue: Optional[str] = typer.Option(None, "--queue", "-q"),
             priority: Optional[int] = typer.Option(None, "--priority", "-p", help="1 (highest) to 4."),
-            delay: Optional[float] = typer.Option(None, "--delay", help="Seconds from now."),
+            delay: Optional[str] = typer.Option(None, "--delay", help="Run after this long (30, 5m, 2h)."),
             max_attempts: Optional[int] = typer.Option(None, "--max-attempts"),
-            timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds."),
+            timeout: Optional[str] = typer.Option(None, "--timeout", help="Per-attempt limit (300, 5m)."),
             tag: List[str] = typer.Option([], "--tag", help="A tag (repeatable)."),
+            app_module: Optional[str] = typer.Option(None, "--app", "-a",
+                                                     help="Import the tasks to apply their declared defaults."),
             database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
-    """Enqueue one job and print its id."""
-    from .job import Job
-    from .producer import enqueue as enqueue_job
+    """Enqueue one job (KIND --args) or many (--file) and print the id(s).
 
-    parsed = parse_json_object(args, "--args")
-    options = {name: value for name, value in (
+    With --file, the other options are defaults for lines that do not set them."""
+    from .jobfile import job_from_object
+    from .producer import enqueue as enqueue_job
+    from .tasks import import_app
+
+    if (kind is None) == (file is None):
+        raise UserError("give a job KIND (with --args), or --file with one job per line, but not both")
+    if file is not None and args is not None:
+        raise UserError("--args goes with KIND; in --file mode each line carries its own args")
+    defaults: Dict[str, Any] = {key: value for key, value in (
         ("queue", queue), ("priority", priority), ("max_attempts", max_attempts),
-        ("timeout", timeout)) if value is not None}
-    job = Job(kind, parsed, delay=delay, tags=tag, **options)
+        ("delay", _duration(delay, "--delay")), ("timeout", _duration(timeout, "--timeout")),
+        ("tags", tag or None)) if value is not None}
+    if app_module:
+        import_app(app_module)
+    if file is not None:
+        _enqueue_file(file, defaults, database_url, json_out)
+        return
+    assert kind is not None
+    job = job_from_object({"kind": kind, "args": parse_json_object(args or "{}", "--args")}, defaults)
     with connection(database_url) as conn:
         job_id = enqueue_job(conn, job)
         conn.commit()
@@ -188,11 +259,31 @@ def enqueue(kind: str = typer.Argument(..., help="The job kind."),
         say(str(job_id))
 
 
-@app.command()
-def health(database_url: Optional[str] = DB_URL) -> None:
-    """Exit 0 when the database is reachable and the schema is current."""
-    with connection(database_url):
-        say("ok")
+def _enqueue_file(file: str, defaults: Dict[str, Any], database_url: Optional[str], json_out: bool) -> None:
+    """Check every line first, then insert in chunks in one transaction,
+    with a progress bar on stderr."""
+    from .jobfile import parse_lines, read_lines
+    from .producer import enqueue_many
+
+    source = "stdin" if file == "-" else file
+    lines = sys.stdin.read().splitlines() if file == "-" else read_lines(file)
+    jobs = parse_lines(lines, source, defaults)
+    started = time.monotonic()
+    ids: List[int] = []
+    with connection(database_url) as conn:
+        with typer.progressbar(length=len(jobs), label=f"enqueueing {len(jobs)} jobs",
+                               file=sys.stderr, show_pos=True) as bar:
+            for offset in range(0, len(jobs), ENQUEUE_CHUNK):
+                chunk = jobs[offset:offset + ENQUEUE_CHUNK]
+                ids.extend(enqueue_many(conn, chunk))
+                bar.update(len(chunk))
+        conn.commit()
+    elapsed = time.monotonic() - started
+    if json_out:
+        emit_json({"count": len(ids), "ids": ids})
+    else:
+        say(f"enqueued {len(ids)} job(s) from {source} in {elapsed:.1f}s "
+            f"(ids {min(ids)}..{max(ids)})")
 
 
 def parse_json_object(text: str, what: str) -> dict:
@@ -204,6 +295,340 @@ def parse_json_object(text: str, what: str) -> dict:
         raise UserError(f"{what} must be a JSON object like '{{\"key\": 1}}', got {type(value).__name__}")
     return value
 
+
+# -- jobs ----------------------------------------------------------------------------
+
+@jobs_app.command("list")
+def jobs_list(state: Optional[str] = typer.Option(None, "--state", "-s", help="Only jobs in this state."),
+              queue: Optional[str] = typer.Option(None, "--queue", "-q"),
+              kind: Optional[str] = typer.Option(None, "--kind", "-k"),
+              older_than: Optional[str] = typer.Option(None, "--older-than", help="Created before this long "
+                                                                                 "ago (30m, 2h, 7d)."),
+              newer_than: Optional[str] = typer.Option(None, "--newer-than", help="Created within this long."),
+              limit: int = typer.Option(100, "--limit", "-n", min=1),
+              database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
+    """List jobs, newest first."""
+    from .admin import list_jobs
+
+    older = _duration(older_than, "--older-than")
+    newer = _duration(newer_than, "--newer-than")
+    with connection(database_url) as conn:
+        records = list_jobs(conn, state=state, queue=queue, kind=kind, limit=limit,
+                            older_than=older, newer_than=newer)
+    if json_out:
+        emit_json(records)
+    else:
+        say(out.jobs_table(records))
+
+
+@jobs_app.command("show")
+def jobs_show(job_id: int = typer.Argument(..., metavar="ID"),
+              database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
+    """Everything about one job: args, state, attempts with wall/CPU/RSS, errors, progress, result."""
+    from .admin import get_job
+
+    with connection(database_url) as conn:
+        record = get_job(conn, job_id)
+    if record is None:
+        raise UserError(f"no job with id {job_id}")
+    if json_out:
+        emit_json(record)
+    else:
+        say(out.job_detail(record))
+
+
+@jobs_app.command("retry")
+def jobs_retry(job_ids: List[int] = typer.Argument(..., metavar="ID..."),
+               database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
+    """Run failed, cancelled, scheduled or retryable jobs again now."""
+    from .admin import retry_job
+
+    _act_on_jobs(job_ids, retry_job, {"scheduled", "retryable", "failed", "cancelled"},
+                 ("retry", "retried"), database_url, json_out)
+
+
+@jobs_app.command("cancel")
+def jobs_cancel(job_ids: List[int] = typer.Argument(..., metavar="ID..."),
+                reason: str = typer.Option("cancelled by an operator", "--reason"),
+                database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
+    """Cancel jobs that have not finished (a running one is told, then its child killed)."""
+    from .admin import cancel_job
+
+    _act_on_jobs(job_ids, lambda conn, job_id: cancel_job(conn, job_id, reason),
+                 {"scheduled", "available", "running", "retryable", "waiting_external"},
+                 ("cancel", "cancelled"), database_url, json_out)
+
+
+def _act_on_jobs(job_ids: List[int], action: Any, applies_to: set, verbs: Tuple[str, str],
+                 database_url: Optional[str], json_out: bool) -> None:
+    """Apply a retry/cancel to each job in one transaction; report jobs that
+    are unknown or in a state the action does not apply to as one error."""
+    from .admin import get_job
+
+    verb, done = verbs
+    results, refused = [], []
+    with connection(database_url) as conn:
+        for job_id in job_ids:
+            record = get_job(conn, job_id)
+            if record is None:
+                refused.append(f"no job with id {job_id}")
+                results.append({"id": job_id, "state": None, "changed": False})
+                continue
+            before = record.state.value
+            after = action(conn, job_id)
+            changed = before in applies_to and after is not None
+            results.append({"id": job_id, "state": after.value if after else None, "changed": changed,
+                            "previous_state": before})
+            if not changed:
+                refused.append(f"job {job_id} is {before}: nothing to {verb}")
+        conn.commit()
+    if json_out:
+        emit_json(results)
+    else:
+        for entry in results:
+            if entry["changed"]:
+                say(f"job {entry['id']} {done} (now {entry['state']})")
+    if refused:
+        summary = refused[0] if len(refused) == 1 else \
+            f"{len(refused)} of {len(job_ids)} job(s) not {done}: " + "; ".join(refused)
+        raise UserError(summary)
+
+
+# -- queues --------------------------------------------------------------------------
+
+@queues_app.callback(invoke_without_command=True)
+def queues(ctx: typer.Context, database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
+    """Per-queue counts, jobs/s over the last minute and lag (oldest available job's age)."""
+    from .stats import queue_overview
+
+    ctx.obj = {"database_url": database_url}
+    if ctx.invoked_subcommand is not None:
+        return
+    with connection(database_url) as conn:
+        rows = queue_overview(conn)
+    if json_out:
+        emit_json([out.queue_json(row) for row in rows])
+    else:
+        say(out.queues_table(rows))
+
+
+def _group_url(ctx: typer.Context, database_url: Optional[str]) -> Optional[str]:
+    return database_url or ((ctx.obj or {}).get("database_url") if isinstance(ctx.obj, dict) else None)
+
+
+FORCE = typer.Option(False, "--force", help="Act even if no supervisor, setting or job knows the queue yet.")
+
+
+@queues_app.command("pause")
+def queues_pause(ctx: typer.Context, name: str = typer.Argument(..., metavar="QUEUE"), force: bool = FORCE,
+                 database_url: Optional[str] = DB_URL) -> None:
+    """Stop starting jobs from a queue (running ones finish; enqueueing still works).
+
+    A queue nothing knows (no settings row, no live supervisor serving it, no
+    job in it) is refused as a likely typo; --force pauses it ahead of use."""
+    from .admin import pause_queue
+
+    with connection(_group_url(ctx, database_url)) as conn:
+        _require_known_queue(conn, name, force)
+        pause_queue(conn, name)
+        conn.commit()
+    say(f"queue {name!r} paused: no new job starts from it; running jobs finish")
+
+
+@queues_app.command("resume")
+def queues_resume(ctx: typer.Context, name: str = typer.Argument(..., metavar="QUEUE"), force: bool = FORCE,
+                  database_url: Optional[str] = DB_URL) -> None:
+    """Start jobs from a paused queue again."""
+    from .admin import resume_queue
+
+    with connection(_group_url(ctx, database_url)) as conn:
+        _require_known_queue(conn, name, force)
+        resume_queue(conn, name)
+        conn.commit()
+    say(f"queue {name!r} resumed")
+
+
+def _require_known_queue(conn: Any, name: str, force: bool) -> None:
+    """Unknown = no row in awa.queues, no live supervisor serving it and no
+    job (live or retained) in it: most likely a typo."""
+    from .stats import queue_known, queue_overview
+
+    if force or queue_known(conn, name):
+        return
+    known = [row.queue for row in queue_overview(conn)]
+    hint = f" (known: {', '.join(known[:10])}{', ...' if len(known) > 10 else ''})" if known else ""
+    raise UserError(f"unknown queue {name!r}{hint}; use --force to act on a queue nothing uses yet")
+
+
+# -- dead-letter queue -------------------------------------------------------------
+
+@dlq_app.command("list")
+def dlq_list_cmd(queue: Optional[str] = typer.Option(None, "--queue", "-q"),
+                 kind: Optional[str] = typer.Option(None, "--kind", "-k"),
+                 limit: int = typer.Option(100, "--limit", "-n", min=1),
+                 database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
+    """Dead-lettered jobs, most recent first."""
+    from .admin import dlq_list
+
+    with connection(database_url) as conn:
+        records = dlq_list(conn, queue=queue, kind=kind, limit=limit)
+    if json_out:
+        emit_json(records)
+    else:
+        say(out.dlq_table(records))
+
+
+DLQ_ALL = typer.Option(False, "--all", help="Act on the whole dead-letter queue (no filter).")
+
+
+def _dlq_filters(job_ids: Optional[List[int]], queue: Optional[str], kind: Optional[str],
+                 all_: bool, verb: str) -> Dict[str, Any]:
+    if not job_ids and queue is None and kind is None and not all_:
+        raise UserError(f"dlq {verb} with no filter would {verb} the whole dead-letter queue: "
+                        "give job ids, --queue or --kind, or --all")
+    return {"ids": job_ids or None, "queue": queue, "kind": kind}
+
+
+@dlq_app.command("retry")
+def dlq_retry_cmd(job_ids: Optional[List[int]] = typer.Argument(None, metavar="[ID...]"),
+                  queue: Optional[str] = typer.Option(None, "--queue", "-q"),
+                  kind: Optional[str] = typer.Option(None, "--kind", "-k"), all_: bool = DLQ_ALL,
+                  database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
+    """Give dead-lettered jobs fresh attempts (filters combine with AND)."""
+    from .admin import dlq_retry
+
+    filters = _dlq_filters(job_ids, queue, kind, all_, "retry")
+    with connection(database_url) as conn:
+        count = dlq_retry(conn, **filters)
+        conn.commit()
+    if json_out:
+        emit_json({"retried": count})
+    else:
+        say(f"retried {count} dead-lettered job(s)")
+
+
+@dlq_app.command("purge")
+def dlq_purge_cmd(job_ids: Optional[List[int]] = typer.Argument(None, metavar="[ID...]"),
+                  queue: Optional[str] = typer.Option(None, "--queue", "-q"),
+                  kind: Optional[str] = typer.Option(None, "--kind", "-k"), all_: bool = DLQ_ALL,
+                  database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
+    """Delete dead-lettered jobs for good (filters combine with AND)."""
+    from .admin import dlq_purge
+
+    filters = _dlq_filters(job_ids, queue, kind, all_, "purge")
+    with connection(database_url) as conn:
+        count = dlq_purge(conn, **filters, all=all_)
+        conn.commit()
+    if json_out:
+        emit_json({"purged": count})
+    else:
+        say(f"purged {count} dead-lettered job(s)")
+
+
+# -- periodic jobs -----------------------------------------------------------------
+
+@cron_app.command("list")
+def cron_list(database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
+    """Registered periodic jobs with their last and next fire."""
+    from .periodic_admin import list_schedules
+
+    with connection(database_url) as conn:
+        schedules = list_schedules(conn)
+    if json_out:
+        emit_json(schedules)
+    else:
+        say(out.schedules_table(schedules))
+
+
+@cron_app.command("pause")
+def cron_pause(name: str = typer.Argument(..., metavar="NAME"), database_url: Optional[str] = DB_URL) -> None:
+    """Stop firing a periodic job (trigger still works)."""
+    from .periodic_admin import pause_schedule
+
+    with connection(database_url) as conn:
+        pause_schedule(conn, name)
+        conn.commit()
+    say(f"periodic job {name!r} paused")
+
+
+@cron_app.command("resume")
+def cron_resume(name: str = typer.Argument(..., metavar="NAME"), database_url: Optional[str] = DB_URL) -> None:
+    """Fire a paused periodic job again from its next tick (missed ticks are skipped)."""
+    from .periodic_admin import resume_schedule
+
+    with connection(database_url) as conn:
+        resume_schedule(conn, name)
+        conn.commit()
+    say(f"periodic job {name!r} resumed")
+
+
+@cron_app.command("trigger")
+def cron_trigger(name: str = typer.Argument(..., metavar="NAME"), database_url: Optional[str] = DB_URL,
+                 json_out: bool = JSON_OUT) -> None:
+    """Enqueue a periodic job's job now, even when paused; prints the job id."""
+    from .periodic_admin import trigger_schedule
+
+    with connection(database_url) as conn:
+        job_id = trigger_schedule(conn, name)
+        conn.commit()
+    if json_out:
+        emit_json({"id": job_id})
+    else:
+        say(str(job_id))
+
+
+# -- kinds and top -------------------------------------------------------------------
+
+@app.command()
+def kinds(kind: Optional[str] = typer.Option(None, "--kind", "-k", help="Only this kind."),
+          since: Optional[str] = typer.Option(None, "--since", help="Only attempts that finished within "
+                                                                     "this long (1h, 7d)."),
+          database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
+    """Per kind: runs, failures, crashes, timeouts and p50/p95 wall, CPU and peak RSS.
+
+    Figures cover every attempt still on record (terminal jobs are kept for
+    the retention period). FAILURES counts attempts that raised, retried or
+    were lost; percentiles only use attempts whose handler returned or raised."""
+    from .stats import kind_stats
+
+    since_s = _duration(since, "--since")
+    with connection(database_url) as conn:
+        rows = kind_stats(conn, kind=kind, since_s=since_s)
+    if json_out:
+        emit_json(rows)
+    else:
+        say(out.kinds_table(rows))
+
+
+@app.command()
+def top(interval: float = typer.Option(1.0, "--interval", "-n", min=0.1, help="Seconds between frames."),
+        once: bool = typer.Option(False, "--once", help="Print one frame and exit."),
+        database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
+    """Live view of queues, supervisors, children and throughput (q or Ctrl-C quits).
+
+    When stdout is not a terminal (or with --once), prints one frame and exits."""
+    from .migrate import require_current
+    from .top import Snapshot, render, run_live
+
+    url = resolve_url(database_url)
+    conn = db.connect(url, connect_timeout=5)
+    try:
+        require_current(conn)
+        if once or json_out or not sys.stdout.isatty():
+            snapshot = Snapshot.collect(conn)
+            if json_out:
+                emit_json(snapshot.as_json())
+            else:
+                say("\n".join(render(snapshot, title=db.describe(url), width=1000, height=1000,
+                                     interval=interval, frame=1, color=False)))
+            return
+        conn = run_live(url, conn, interval, stream=sys.stdout, keys=sys.stdin)
+    finally:
+        if conn is not None and not conn.closed:
+            conn.close()
+
+
+# -- entry point -----------------------------------------------------------------------
 
 def main(argv: Optional[List[str]] = None) -> None:
     """Entry point of the awa-pool console script."""
@@ -218,6 +643,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     except click_exceptions.ClickException as exc:
         _fail(exc.format_message(), exc.exit_code)
     except (UserError, AwaError, ValueError, TypeError) as exc:
+        _fail(str(exc), 1)
+    except psycopg2.Error as exc:
+        _fail(f"database error: {db.first_line(exc)}", 1)
+    except OSError as exc:
         _fail(str(exc), 1)
     except KeyboardInterrupt:
         _fail("interrupted", 130)

@@ -35,7 +35,16 @@ class Pool:
     def run(self) -> int:
         """Run until SIGTERM/SIGINT (or stop()); returns the exit code."""
         self.supervisor = Supervisor(self.config)
-        return self.supervisor.run()
+        metrics = None
+        if self.config.metrics_port is not None:
+            from .metrics import attach
+
+            metrics = attach(self.supervisor, self.config.metrics_port)
+        try:
+            return self.supervisor.run()
+        finally:
+            if metrics is not None:
+                metrics.close()
 
     def stop(self) -> None:
         """Ask a running pool to drain and exit (safe from a signal handler)."""

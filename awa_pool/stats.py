@@ -1,0 +1,163 @@
+"""Operator statistics: per-queue overview (counts, throughput, lag), live
+supervisors and per-kind attempt figures. The data behind `awa-pool
+queues`, `kinds`, `top` and the queue gauges of the Prometheus endpoint.
+
+Read-only, in the caller's transaction like the admin functions; no
+printing or formatting here (cli_output.py and top.py do that).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Dict, List, Optional, Tuple
+
+from .db import cursor_for
+from .job import check_name
+from .sql import QUERIES
+
+SUPERVISOR_STALE_S = 10.0   # a supervisor silent for longer is not shown as alive
+
+
+@dataclass(frozen=True)
+class QueueOverview:
+    """A queue's live counts, retained failures, recent throughput and lag."""
+
+    queue: str
+    available: int
+    running: int
+    scheduled: int
+    retryable: int
+    waiting_external: int
+    failed: int
+    finished_10s: int
+    finished_60s: int
+    lag_seconds: float
+    paused: bool
+
+    @property
+    def jobs_per_s(self) -> float:
+        """Jobs that reached a terminal state per second, over the last minute."""
+        return self.finished_60s / 60.0
+
+    @property
+    def jobs_per_s_10s(self) -> float:
+        return self.finished_10s / 10.0
+
+
+@dataclass(frozen=True)
+class SupervisorInfo:
+    """A live supervisor and the stats it wrote on its last heartbeat."""
+
+    id: int
+    hostname: str
+    pid: int
+    version: str
+    queues: Tuple[str, ...]
+    workers: int
+    started_at: datetime
+    is_leader: bool
+    heartbeat_age_s: float
+    stats: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def busy(self) -> int:
+        return int(self.stats.get("busy") or 0)
+
+    @property
+    def idle(self) -> int:
+        return int(self.stats.get("idle") or 0)
+
+    @property
+    def children(self) -> int:
+        return int(self.stats.get("children") or 0)
+
+    @property
+    def state(self) -> str:
+        return str(self.stats.get("state") or "?")
+
+    def counter(self, *names: str) -> int:
+        counters = self.stats.get("counters") or {}
+        return sum(int(counters.get(name) or 0) for name in names)
+
+    @property
+    def rss_bytes(self) -> int:
+        """Sum of the children's last reported RSS."""
+        return sum(int(value or 0) for value in (self.stats.get("rss") or {}).values())
+
+
+@dataclass(frozen=True)
+class KindStats:
+    """Per-kind attempt figures (SPEC §5): runs, outcomes, and p50/p95 of wall
+    time, CPU time and peak RSS over the attempts whose handler returned."""
+
+    kind: str
+    runs: int
+    completed: int
+    failures: int
+    crashes: int
+    timeouts: int
+    wall_p50: Optional[float]
+    wall_p95: Optional[float]
+    cpu_p50: Optional[float]
+    cpu_p95: Optional[float]
+    rss_p50: Optional[float]
+    rss_p95: Optional[float]
+    rss_max: Optional[float]
+    last_finished_at: Optional[datetime]
+
+
+def _rows(cur: Any) -> List[Dict[str, Any]]:
+    names = [d.name for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def queue_overview(conn: Any) -> List[QueueOverview]:
+    """One QueueOverview per known queue, by name."""
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["queue_overview"])
+        rows = _rows(cur)
+    return [QueueOverview(
+        queue=row["queue"], available=int(row["available"]), running=int(row["running"]),
+        scheduled=int(row["scheduled"]), retryable=int(row["retryable"]),
+        waiting_external=int(row["waiting_external"]), failed=int(row["failed"]),
+        finished_10s=int(row["finished_10s"]), finished_60s=int(row["finished_60s"]),
+        lag_seconds=float(row["lag_s"] or 0.0), paused=bool(row["paused"])) for row in rows]
+
+
+def live_supervisors(conn: Any, stale_s: float = SUPERVISOR_STALE_S) -> List[SupervisorInfo]:
+    """Supervisors that heartbeat within `stale_s` seconds and have not stopped."""
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["live_supervisors"], {"stale_s": float(stale_s)})
+        rows = _rows(cur)
+    return [SupervisorInfo(
+        id=row["id"], hostname=row["hostname"], pid=row["pid"], version=row["version"],
+        queues=tuple(row["queues"] or ()), workers=row["workers"], started_at=row["started_at"],
+        is_leader=bool(row["is_leader"]), heartbeat_age_s=float(row["heartbeat_age_s"] or 0.0),
+        stats=row["stats"] if isinstance(row["stats"], dict) else {}) for row in rows]
+
+
+def kind_stats(conn: Any, kind: Optional[str] = None, since_s: Optional[float] = None) -> List[KindStats]:
+    """Per-kind figures over every attempt on record (or those that finished
+    within the last `since_s` seconds), by kind."""
+    if kind is not None:
+        check_name(kind, "kind")
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["kind_stats"], {"kind": kind, "since_s": since_s})
+        rows = _rows(cur)
+    result = []
+    for row in rows:
+        figures = {name: (float(row[name]) if row[name] is not None else None) for name in (
+            "wall_p50", "wall_p95", "cpu_p50", "cpu_p95", "rss_p50", "rss_p95", "rss_max")}
+        result.append(KindStats(
+            kind=row["kind"], runs=int(row["runs"]), completed=int(row["completed"]),
+            failures=int(row["failures"]), crashes=int(row["crashes"]), timeouts=int(row["timeouts"]),
+            last_finished_at=row["last_finished_at"], **figures))
+    return result
+
+
+def queue_known(conn: Any, name: str) -> bool:
+    """True when the queue has a settings row, a live supervisor serving it,
+    or any job (live or retained) in it."""
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["queue_known"], {"name": check_name(name, "queue")})
+        return bool(cur.fetchone()[0])
