@@ -48,7 +48,7 @@ def test_ten_thousand_set_progress_calls_cost_a_handful_of_writes(dsn, pools):
     writes = _progress_writes(dsn, job_id)
     # ~1 write per second of the 3 s run (the completer flushes progress at
     # most once a second), nowhere near one per call
-    assert 1 <= writes <= 6, f"{writes} progress writes for 10,000 set_progress calls"
+    assert 1 <= writes <= 8, f"{writes} progress writes for 10,000 set_progress calls"
 
 
 def test_progress_is_visible_through_get_job_while_running(dsn, pools):
