@@ -26,6 +26,7 @@ from .sql import QUERIES
 ALL_STATES = [state.value for state in JobState]
 PAYLOAD_MAX_BYTES = 1024 * 1024  # a callback payload becomes a result: same cap as results
 WAIT_RECHECK_S = 5.0             # wait() looks again at least this often
+ERROR_MAX_CHARS = 2000           # fail_external's error text, as for a handler's exception
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,8 @@ def fail_external(conn: Any, callback: str, error: str) -> JobState:
     attempts remain, then failed (or dead-lettered)."""
     if not isinstance(error, str) or not error:
         raise TypeError("error must be a non-empty string")
+    if len(error) > ERROR_MAX_CHARS:  # it is stored in the job's errors, like a handler's
+        error = error[:ERROR_MAX_CHARS] + "..."
     return _resolve(conn, callback, "fail", error=error)
 
 
