@@ -628,6 +628,56 @@ def top(interval: float = typer.Option(1.0, "--interval", "-n", min=0.1, help="S
             conn.close()
 
 
+# -- least privilege -------------------------------------------------------------------
+
+@app.command()
+def grant(producer: List[str] = typer.Option([], "--producer", metavar="ROLE",
+                                           help="Let ROLE enqueue and nothing else (repeatable)."),
+          worker: List[str] = typer.Option([], "--worker", metavar="ROLE",
+                                         help="Let ROLE run supervisors, leader maintenance included (repeatable)."),
+          revoke: List[str] = typer.Option([], "--revoke", metavar="ROLE",
+                                         help="Take back every privilege ROLE holds on the awa schema (repeatable)."),
+          database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
+    """Grant least-privilege roles: a producer may only enqueue; a worker may run supervisors.
+
+    The roles must exist (CREATE ROLE name LOGIN). Granting is idempotent; run
+    it again after `awa-pool migrate`. Prints what each role may use afterwards."""
+    from . import grants
+
+    if not (producer or worker or revoke):
+        raise UserError("give --producer ROLE, --worker ROLE or --revoke ROLE")
+    done: List[Tuple[str, str]] = []
+    with connection(database_url) as conn:
+        for role in revoke:
+            grants.revoke(conn, role)
+            done.append((role, "revoked"))
+        for profile, roles in (("producer", producer), ("worker", worker)):
+            for role in roles:
+                grants.grant(conn, role, profile)
+                done.append((role, profile))
+        report = [(role, profile, grants.privileges(conn, role)) for role, profile in done]
+        conn.commit()
+    if json_out:
+        emit_json([{"role": role, "profile": profile,
+                    "privileges": [{"kind": p.kind, "name": p.name, "privileges": p.privileges} for p in held]}
+                   for role, profile, held in report])
+        return
+    for role, profile, held in report:
+        if profile == "revoked":
+            say(f"role {role}: every privilege on the awa schema revoked")
+            continue
+        say(f"role {role}: {profile} privileges granted; it may now use:")
+        functions = [p.name for p in held if p.kind == "function"]
+        for p in held:
+            if p.kind != "function":
+                say(f"  {p.kind:9} {p.name}: {p.privileges}")
+        if len(functions) <= 5:
+            for name in functions:
+                say(f"  function  {name}: EXECUTE")
+        else:
+            say(f"  functions EXECUTE on {len(functions)} functions of the awa schema")
+
+
 # -- entry point -----------------------------------------------------------------------
 
 def main(argv: Optional[List[str]] = None) -> None:
