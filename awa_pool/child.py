@@ -150,11 +150,15 @@ def _run_batch(jobs: List[tuple], channel: PipeChannel, status: StatusBlock, up_
         _reset_peak_rss()
         last_flush = time.monotonic()
 
+    started_ids = set()
     for fields in jobs:
         job = JobSpec(*fields)
-        if status.cancel_requested_for(job.id):
+        stop_after = status.stop_after()
+        if (stop_after and stop_after in started_ids) or status.cancel_requested_for(job.id):
+            # taken back by the supervisor (or cancelled) before it started
             pending.append(Outcome(job.id, job.lease, "released"))
             continue
+        started_ids.add(job.id)
         status.set_running(job.id, time.monotonic())
         outcome = run_job(job, channel, result_max_bytes=result_max_bytes)
         status.clear_running()

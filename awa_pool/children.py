@@ -160,6 +160,7 @@ class Children:
         child.queue = queue
         child.inflight = [InFlight(row[0], row[7], row[1], row[2], timeout)
                           for row, timeout in zip(rows, timeouts)]
+        child.status.set_stop_after(0)
         try:
             send(child.down_fd, (RUN, list(rows)))
         except (BrokenPipeError, OSError):

@@ -165,13 +165,18 @@ class StatusBlock:
 
     The child records which job it is running and since when (so the
     supervisor can enforce timeouts and name the victim of a crash without
-    a message per job); the supervisor posts cancel requests.
+    a message per job); the supervisor posts cancel requests, and takes back
+    the jobs queued behind a job that runs long (see Supervisor._steal).
     """
 
-    SIZE = 32
-    _RUNNING = struct.Struct("q")   # offset 0: job id running now (0 = none)
+    CANCEL_SLOTS = 4
+    SIZE = 32 + 8 * CANCEL_SLOTS
+    _WORD = struct.Struct("q")      # offsets 0 (job id running now, 0 = none), 16, 24, 32...
     _STARTED = struct.Struct("d")   # offset 8: its start, time.monotonic()
-    _CANCEL = struct.Struct("q")    # offset 16: job id whose cancel was requested
+    # offset 16: skip this batch's jobs after this one (see Supervisor._steal)
+    # offset 24: next cancel slot to write (supervisor side only)
+    # offsets 32..: job ids whose cancel was requested (a small ring, so a
+    # second cancel in one batch does not overwrite the first)
 
     def __init__(self) -> None:
         import mmap
@@ -180,19 +185,32 @@ class StatusBlock:
 
     def set_running(self, job_id: int, started: float) -> None:
         self._STARTED.pack_into(self.memory, 8, started)
-        self._RUNNING.pack_into(self.memory, 0, job_id)
+        self._WORD.pack_into(self.memory, 0, job_id)
 
     def clear_running(self) -> None:
-        self._RUNNING.pack_into(self.memory, 0, 0)
+        self._WORD.pack_into(self.memory, 0, 0)
 
     def running(self) -> Tuple[int, float]:
-        return self._RUNNING.unpack_from(self.memory, 0)[0], self._STARTED.unpack_from(self.memory, 8)[0]
+        return self._WORD.unpack_from(self.memory, 0)[0], self._STARTED.unpack_from(self.memory, 8)[0]
 
     def request_cancel(self, job_id: int) -> None:
-        self._CANCEL.pack_into(self.memory, 16, job_id)
+        slot = self._WORD.unpack_from(self.memory, 24)[0]
+        self._WORD.pack_into(self.memory, 32 + 8 * (slot % self.CANCEL_SLOTS), job_id)
+        self._WORD.pack_into(self.memory, 24, slot + 1)
 
     def cancel_requested_for(self, job_id: int) -> bool:
-        return self._CANCEL.unpack_from(self.memory, 16)[0] == job_id
+        memory = self.memory
+        if not self._WORD.unpack_from(memory, 24)[0]:
+            return False  # no cancel was ever posted to this child
+        return any(self._WORD.unpack_from(memory, 32 + 8 * i)[0] == job_id
+                   for i in range(self.CANCEL_SLOTS))
+
+    def set_stop_after(self, job_id: int) -> None:
+        """The supervisor took back the jobs queued behind `job_id` (0: none)."""
+        self._WORD.pack_into(self.memory, 16, job_id)
+
+    def stop_after(self) -> int:
+        return self._WORD.unpack_from(self.memory, 16)[0]
 
     def close(self) -> None:
         self.memory.close()

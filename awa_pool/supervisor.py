@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 STARTING, RUNNING, DRAINING, STOPPING, STOPPED = "starting", "running", "draining", "stopping", "stopped"
 TARGET_BATCH_S = 0.004       # a child's batch of short jobs should take about this long
+STEAL_AFTER_S = 0.05         # jobs queued behind one running longer than this are taken back
 EWMA_ALPHA = 0.2
 SETTINGS_REFRESH_S = 5.0
 RECONCILE_INTERVAL_S = 30.0
@@ -354,11 +355,32 @@ class Supervisor:
                     self.children.kill(child, "timeout", f"timed out after {job.timeout_s:g}s: "
                                                          "the child running it was killed")
                     continue
+                if now - started > STEAL_AFTER_S and child.inflight[-1].id != job_id:
+                    self._steal(child, job_id, started)
             if child.cancel_deadline is not None and now >= child.cancel_deadline:
                 if job_id and child.status.cancel_requested_for(job_id):
                     self.children.kill(child, "released", "cancelled: the handler did not stop "
                                                           "within the grace period")
                 child.cancel_deadline = None
+
+    def _steal(self, child: ChildHandle, job_id: int, started: float) -> None:
+        """Take back the jobs queued behind one that runs long, so they do not
+        wait for it: they go back to the queue for idle children. Safe only if
+        the child is still inside that job after we post the cut, because it
+        checks the cut before starting each job."""
+        child.status.set_stop_after(job_id)
+        if child.running_job() != (job_id, started):
+            # It moved on meanwhile: it saw the cut (and will report the
+            # skipped jobs as released) or it did not (and runs them).
+            return
+        position = next(i for i, job in enumerate(child.inflight) if job.id == job_id)
+        stolen, child.inflight = child.inflight[position + 1:], child.inflight[:position + 1]
+        for job in stolen:
+            self.completer.add(Outcome(job.id, job.lease, "released"))
+        self.has_work[stolen[0].queue] = True
+        self._count("stolen")
+        log.debug("took back %d job(s) queued behind long-running job %d in child %d",
+                  len(stolen), job_id, child.pid)
 
     def _answer(self, child: ChildHandle, message: tuple) -> None:
         _, request_id, job_id, lease, method, payload = message

@@ -135,3 +135,21 @@ def test_rate_limit_holds_across_supervisors(dsn, pools):
     # a full bucket allows a burst of 10, then 10 per second
     window = times[29] - times[0]
     assert window >= 1.5, f"30 starts in {window:.2f}s exceeds 10/s across two supervisors"
+
+
+def test_jobs_queued_behind_a_long_job_are_taken_back(dsn, pools):
+    """Short jobs travel to children in batches; one that runs long must not
+    hold the jobs queued behind it in its child's batch."""
+    _enqueue(dsn, [Job("noop", {"warm": i}) for i in range(300)])
+    pools.start("--queue", "default", workers=2)
+    wait_for(lambda: states(dsn) == {"completed": 300}, timeout=30, message="warm-up jobs")
+    # one transaction: the slow job is claimed in the same batch as quick ones
+    ids = _enqueue(dsn, [Job("sleep", {"seconds": 3})] + [Job("noop", {"i": i}) for i in range(60)])
+    slow, quick = ids[0], ids[1:]
+    wait_for(lambda: states(dsn) == {"completed": 361}, timeout=30,
+             message="the slow job and the quick jobs queued behind it")
+    finished = dict(query(dsn, "SELECT id, finalized_at FROM awa.jobs WHERE id = ANY(%s)", (quick,)))
+    started = query(dsn, "SELECT attempted_at FROM awa.jobs WHERE id = %s", (slow,))[0][0]
+    latest = max(finished.values())
+    assert (latest - started).total_seconds() < 2.0, \
+        f"quick jobs waited {(latest - started).total_seconds():.1f}s behind a 3 s job"
