@@ -696,6 +696,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         _fail(str(exc), 1)
     except psycopg2.Error as exc:
         _fail(f"database error: {db.first_line(exc)}", 1)
+    except BrokenPipeError:  # `awa-pool jobs list | head`: the reader left; nothing to report
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(0)
     except OSError as exc:
         _fail(str(exc), 1)
     except KeyboardInterrupt:

@@ -61,8 +61,10 @@ def seconds(value: Optional[float]) -> str:
     value = float(value)
     if value < 0:
         return "-" + seconds(-value)
+    if value == 0:
+        return "0s"
     if value < 0.01:
-        return f"{value * 1000:.2f}ms" if value else "0ms"
+        return f"{value * 1000:.2f}ms"
     if value < 1:
         return f"{value * 1000:.0f}ms"
     if value < 60:

@@ -176,7 +176,7 @@ class Metrics:
         try:
             self.server, self.thread = start_http_server(port, addr=addr, registry=self.registry)
         except OSError as exc:
-            raise OSError(exc.errno, f"cannot serve metrics on port {port}: {exc.strerror}") from None
+            raise OSError(f"cannot serve metrics on port {port}: {exc.strerror or exc}") from None
         self.port = self.server.server_address[1]
         host = addr if addr not in ("", "0.0.0.0") else socket.gethostname()
         log.info("serving Prometheus metrics on http://%s:%d/metrics", host, self.port)
@@ -217,7 +217,7 @@ class _LiveCollector:
         children = GaugeMetricFamily("awa_children", "Child processes of this supervisor, by state "
                                      "(busy, idle, other = starting or stopping).", labels=["state"])
         counts = {"busy": 0, "idle": 0, "other": 0}
-        for child in sup.children.all():  # a list copy: safe from the scrape thread
+        for child in _children_of(sup):
             counts["busy" if child.busy else "idle" if child.idle else "other"] += 1
         for state, value in counts.items():
             children.add_metric([state], value)
@@ -250,6 +250,17 @@ class _LiveCollector:
         yield paused
         yield GaugeMetricFamily("awa_queue_stats_up", "1 when the last refresh of the queue gauges "
                                 "succeeded.", value=0 if self.metrics._queue_error else 1)
+
+
+def _children_of(supervisor: Any) -> List[Any]:
+    """The supervisor's children, read from the scrape thread while the loop
+    may be changing the table: retry the copy if it changed under us."""
+    for _ in range(5):
+        try:
+            return supervisor.children.all()
+        except RuntimeError:
+            continue
+    return []
 
 
 def attach(supervisor: Any, port: int, addr: str = "0.0.0.0") -> Metrics:

@@ -2,6 +2,8 @@
 "error: ", a non-zero exit and no traceback; passwords never show."""
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from cli_run import assert_one_error_line, cli, url_with_password
@@ -93,6 +95,16 @@ def test_start_gives_up_on_an_unreachable_database_after_connect_timeout() -> No
                  "--database-url", UNREACHABLE)
     assert_one_error_line(result, "cannot connect")
     assert "s3cret-pw" not in result.stderr
+
+
+def test_metrics_port_in_use(dsn: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = cli("start", "--app", "apps.basic", "--metrics-port", str(port), "--log-level", "warning",
+                     "--database-url", dsn)
+    assert_one_error_line(result, f"cannot serve metrics on port {port}", "in use")
 
 
 def test_password_never_printed_in_errors(dsn: str) -> None:
