@@ -344,7 +344,7 @@ def jobs_retry(job_ids: List[int] = typer.Argument(..., metavar="ID..."),
     from .admin import retry_job
 
     _act_on_jobs(job_ids, retry_job, {"scheduled", "retryable", "failed", "cancelled"},
-                 ("retry", "retried"), database_url, json_out)
+                 {"available", "scheduled"}, ("retry", "retried"), database_url, json_out)
 
 
 @jobs_app.command("cancel")
@@ -356,13 +356,15 @@ def jobs_cancel(job_ids: List[int] = typer.Argument(..., metavar="ID..."),
 
     _act_on_jobs(job_ids, lambda conn, job_id: cancel_job(conn, job_id, reason),
                  {"scheduled", "available", "running", "retryable", "waiting_external"},
-                 ("cancel", "cancelled"), database_url, json_out)
+                 {"cancelled"}, ("cancel", "cancelled"), database_url, json_out)
 
 
-def _act_on_jobs(job_ids: List[int], action: Any, applies_to: set, verbs: Tuple[str, str],
-                 database_url: Optional[str], json_out: bool) -> None:
+def _act_on_jobs(job_ids: List[int], action: Any, applies_to: set, results_in: set,
+                 verbs: Tuple[str, str], database_url: Optional[str], json_out: bool) -> None:
     """Apply a retry/cancel to each job in one transaction; report jobs that
-    are unknown or in a state the action does not apply to as one error."""
+    are unknown or in a state the action does not apply to as one error.
+    A job counts as changed when it was in `applies_to` before and is in
+    `results_in` after (a job that finished in between is reported)."""
     from .admin import get_job
 
     verb, done = verbs
@@ -376,11 +378,11 @@ def _act_on_jobs(job_ids: List[int], action: Any, applies_to: set, verbs: Tuple[
                 continue
             before = record.state.value
             after = action(conn, job_id)
-            changed = before in applies_to and after is not None
-            results.append({"id": job_id, "state": after.value if after else None, "changed": changed,
-                            "previous_state": before})
+            now = after.value if after is not None else before
+            changed = before in applies_to and now in results_in
+            results.append({"id": job_id, "state": now, "changed": changed, "previous_state": before})
             if not changed:
-                refused.append(f"job {job_id} is {before}: nothing to {verb}")
+                refused.append(f"job {job_id} is {now}: nothing to {verb}")
         conn.commit()
     if json_out:
         emit_json(results)
