@@ -87,7 +87,7 @@ def describe_exit(exitcode: Optional[int]) -> str:
             name = f"signal {signum}"
         text = f"child process killed by {name} ({signum})"
         if signum == signal.SIGKILL:
-            text += "; if no one sent it, the kernel's out-of-memory killer may have"
+            text += " (if no one sent it, the kernel's out-of-memory killer did)"
         elif signum == signal.SIGSEGV:
             text += " (segmentation fault in the handler or a C extension)"
         return text

@@ -59,6 +59,8 @@ class Leader:
             self.changes += 1
             if value:
                 log.info("supervisor %d is now the leader", self.supervisor_id)
+            elif self._stop.is_set():
+                log.info("supervisor %d stepped down as leader (shutting down)", self.supervisor_id)
             else:
                 log.warning("supervisor %d lost leadership", self.supervisor_id)
             if self.on_change is not None:

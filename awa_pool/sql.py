@@ -21,7 +21,9 @@ def _parse(text: str, source: str) -> List[Tuple[str, str]]:
         raise RuntimeError(f"{source}: SQL before the first '-- name:' line")
     found = []
     for name, body in zip(parts[1::2], parts[2::2]):
-        lines = [line for line in body.strip().splitlines()]
+        # Whole-line comments describe the query; keep them out of the
+        # statement (a '{}' or '%' in a comment would confuse formatting).
+        lines = [line for line in body.strip().splitlines() if not line.lstrip().startswith("--")]
         statement = "\n".join(lines).strip().rstrip(";").strip()
         if not statement:
             raise RuntimeError(f"{source}: query {name!r} is empty")

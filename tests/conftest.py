@@ -42,9 +42,14 @@ def _server_url(tmp_root: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    # The parent of the per-worker base temp dir is shared by all xdist workers.
-    shared = tmp_path_factory.getbasetemp().parent
+def server_url() -> str:
+    # One embedded server per machine user, shared by every xdist worker (and
+    # by concurrent test sessions: it stops when the last one exits). Kept out
+    # of pytest's temp root, which pytest prunes under other sessions' feet.
+    import tempfile
+
+    shared = Path(tempfile.gettempdir()) / f"awa-pool-tests-{os.getuid()}"
+    shared.mkdir(exist_ok=True)
     return _server_url(shared)
 
 
