@@ -155,11 +155,11 @@ class Supervisor:
         return queues
 
     def _connect_at_start(self) -> psycopg2.extensions.connection:
-        conn = connect(self.config.dsn, autocommit=True, retry_for=self.config.connect_timeout,
+        # Commits stay synchronous on this connection: a claim or a callback
+        # registration lost in a server crash after its reply reached a child
+        # would hand the same lease out twice (see worker_session).
+        return connect(self.config.dsn, autocommit=True, retry_for=self.config.connect_timeout,
                        connect_timeout=max(1, int(min(10, self.config.connect_timeout or 1))))
-        with conn.cursor() as cur:
-            cur.execute(QUERIES["worker_session"])
-        return conn
 
     def _probe_listen(self) -> bool:
         """A LISTEN needs a session; behind a transaction-mode pooler it silently
@@ -457,8 +457,6 @@ class Supervisor:
         self.reconnect_attempts += 1
         try:
             conn = connect(self.config.dsn, autocommit=True, connect_timeout=3)
-            with conn.cursor() as cur:
-                cur.execute(QUERIES["worker_session"])
             self.notifier.open()
         except (AwaError, psycopg2.Error) as exc:
             self.notifier.close()

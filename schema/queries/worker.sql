@@ -1,8 +1,13 @@
 -- Statements of a running supervisor (its main connection, autocommit).
 
 -- name: worker_session
--- Losing a claim or an outcome in a server crash only makes a job run again
--- (at-least-once), so the supervisor's own writes need not wait for fsync.
+-- The completer's session: an outcome lost in a server crash leaves its job
+-- running under this supervisor, which releases it when it reconnects
+-- (reconcile), so the job only runs again (at-least-once); these writes need
+-- not wait for fsync. Not for the supervisor's main connection: a claim or a
+-- callback registration lost after its reply reached a child would hand the
+-- same lease out again (two live executions whose outcomes overwrite each
+-- other) or park the job on a callback id the database forgot.
 SET synchronous_commit = off
 
 -- name: listen
