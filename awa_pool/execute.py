@@ -81,7 +81,13 @@ def run(job: JobSpec, channel: Channel, *, result_max_bytes: int = 1024 * 1024) 
         args = json.loads(job.args)
     except ValueError as exc:
         return finish("fatal", error=f"args are not valid JSON: {exc}")
-    ctx = build_context(job, args, channel)
+    except RecursionError:  # a raw SQL producer can store JSON nested deeper than Python decodes
+        return finish("fatal", error="args nest too deeply to be decoded in Python")
+    try:
+        ctx = build_context(job, args, channel)
+    except (ValueError, RecursionError) as exc:
+        return finish("fatal", error=f"the job's metadata, progress or callback result cannot be "
+                                     f"decoded: {type(exc).__name__}: {exc}")
     token = set_current(ctx)
     try:
         if task.pass_context:

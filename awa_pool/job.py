@@ -57,6 +57,11 @@ def check_name(value: Any, what: str) -> str:
         raise ValueError(f"{what} must be at most {MAX_NAME_LEN} characters, got {len(value)}")
     if "\x00" in value:
         raise ValueError(f"{what} must not contain NUL characters")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{what} contains a lone surrogate, which is not valid UTF-8") from None
     return value
 
 
@@ -138,8 +143,11 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 def check_json(value: Any, what: str) -> str:
     """Validate any JSON value; return its compact JSON text."""
-    _check_json_value(value, what)
-    text = _ENCODER.encode(value)
+    try:
+        _check_json_value(value, what)
+        text = _ENCODER.encode(value)
+    except RecursionError:
+        raise ValueError(f"{what} nests too deeply to be encoded as JSON") from None
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
