@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from .errors import ConfigError
-from .job import MAX_NAME_LEN
+from .job import MAX_NAME_LEN, check_name
 
 DEFAULT_AGING_S = 60.0
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
@@ -69,6 +69,10 @@ def parse_queue_spec(spec: str) -> "tuple[str, QueueConfig]":
         raise ConfigError(f"--queue {spec!r}: the queue name is missing")
     if len(name) > MAX_NAME_LEN:
         raise ConfigError(f"--queue {spec[:40]!r}...: queue names are at most {MAX_NAME_LEN} characters")
+    try:
+        check_name(name, "the queue name")
+    except ValueError as exc:
+        raise ConfigError(f"--queue {spec!r}: {exc}") from None
     values: Dict[str, object] = {}
     if weight_text.strip():
         values["weight"] = _number(weight_text, spec, "weight")
@@ -181,8 +185,10 @@ def parse_queues(queues: QueuesArg) -> Dict[str, QueueConfig]:
     result: Dict[str, QueueConfig] = {}
     if isinstance(queues, Mapping):
         for name, value in queues.items():
-            if not isinstance(name, str) or not name or len(name) > MAX_NAME_LEN:
-                raise ConfigError(f"invalid queue name {name!r}")
+            try:
+                check_name(name, "queue name")
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"invalid queue name {name!r}: {exc}") from None
             if isinstance(value, QueueConfig):
                 result[name] = value
             elif isinstance(value, Mapping):
