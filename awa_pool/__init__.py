@@ -4,7 +4,7 @@ This module only re-exports the public API (SPEC §1); it holds no logic.
 """
 from .admin import (QueueStats, cancel_job, complete_external, dlq_list, dlq_purge, dlq_retry,
                     fail_external, get_job, list_jobs, pause_queue, queue_stats, resume_external,
-                    resume_queue, retry_external, retry_job, wait)
+                    resume_queue, retry_external, retry_job, set_queue_shards, wait)
 from .config import PoolConfig, QueueConfig
 from .context import JobContext, WaitForCallback, current_context
 from .errors import (AwaError, Cancel, ConfigError, DatabaseUnavailable, PayloadTooLarge, Retry,
@@ -20,7 +20,7 @@ from .version import __version__
 __all__ = [
     "QueueStats", "cancel_job", "complete_external", "dlq_list", "dlq_purge", "dlq_retry",
     "fail_external", "get_job", "list_jobs", "pause_queue", "queue_stats", "resume_external",
-    "resume_queue", "retry_external", "retry_job", "wait",
+    "resume_queue", "retry_external", "retry_job", "set_queue_shards", "wait",
     "AwaError", "Batch", "Cancel", "ConfigError", "DEFAULT_UNIQUE_STATES", "DatabaseUnavailable",
     "Job", "JobContext", "JobRecord", "JobState", "PayloadTooLarge", "Pool", "PoolConfig",
     "QueueConfig", "Retry", "SchemaMissing", "Snooze", "Task", "Unique", "UnknownCallback",

@@ -120,6 +120,19 @@ def resume_queue(conn: Any, queue: str) -> None:
         cur.execute(QUERIES["resume_queue"], {"name": check_name(queue, "queue")})
 
 
+def set_queue_shards(conn: Any, queue: str, shards: int) -> int:
+    """Split a queue into `shards` lanes, each strict FIFO (1 = one lane).
+
+    Jobs with the same ordering_key always share a lane, so their order
+    holds; jobs without one spread over the lanes. Waiting jobs move to their
+    new lanes at once; returns how many were placed."""
+    if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= 64:
+        raise ValueError(f"shards must be an int from 1 to 64, got {shards!r}")
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["set_queue_shards"], {"name": check_name(queue, "queue"), "shards": shards})
+        return cur.fetchone()[0]
+
+
 def queue_stats(conn: Any) -> List[QueueStats]:
     """One QueueStats per known queue (with jobs, or configured), by name."""
     counts: Dict[str, Dict[str, Any]] = {}

@@ -450,6 +450,22 @@ def queues_resume(ctx: typer.Context, name: str = typer.Argument(..., metavar="Q
     say(f"queue {name!r} resumed")
 
 
+@queues_app.command("set")
+def queues_set(ctx: typer.Context, name: str = typer.Argument(..., metavar="QUEUE"),
+               shards: int = typer.Option(..., "--shards", min=1, max=64,
+                                          help="Lanes, each strict FIFO (1 = the whole queue)."),
+               force: bool = FORCE, database_url: Optional[str] = DB_URL) -> None:
+    """Change a queue's shared settings (stored in the database, so producers
+    and every supervisor agree): --shards N splits it into N FIFO lanes."""
+    from .admin import set_queue_shards
+
+    with connection(_group_url(ctx, database_url)) as conn:
+        _require_known_queue(conn, name, force)
+        moved = set_queue_shards(conn, name, shards)
+        conn.commit()
+    say(f"queue {name!r} now has {shards} lane(s); {moved} waiting job(s) placed in their lanes")
+
+
 def _require_known_queue(conn: Any, name: str, force: bool) -> None:
     """Unknown = no row in awa.queues, no live supervisor serving it and no
     job (live or retained) in it: most likely a typo."""

@@ -67,12 +67,19 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_paused  boolean;
     v_rate    double precision;
+    v_shards  smallint;
     v_want    integer := p_limit;
     v_got     integer;
 BEGIN
-    SELECT q.paused, q.rate_per_s INTO v_paused, v_rate FROM awa.queues q WHERE q.name = p_queue;
+    SELECT q.paused, q.rate_per_s, q.shards INTO v_paused, v_rate, v_shards
+      FROM awa.queues q WHERE q.name = p_queue;
     IF v_paused THEN
         RETURN;
+    END IF;
+    IF v_shards > 1 THEN
+        -- A lane is strict FIFO: its claims take turns (supervisors spread
+        -- over lanes, so they rarely wait on each other).
+        PERFORM pg_advisory_xact_lock(hashtextextended(p_queue || E'\x1f' || p_lane, 1793));
     END IF;
     IF v_rate IS NOT NULL THEN
         v_want := awa.take_tokens(p_queue, p_limit);
@@ -106,7 +113,7 @@ BEGIN
     claimed AS (
         UPDATE awa.jobs_hot j
            SET state = 'running', attempt = j.attempt + 1, lease = j.lease + 1,
-               attempted_at = now(), supervisor_id = p_supervisor,
+               attempted_at = clock_timestamp(), supervisor_id = p_supervisor,
                deadline = CASE WHEN j.timeout_s IS NOT NULL THEN now() + make_interval(secs => j.timeout_s) END
           FROM picked
          WHERE j.id = picked.id

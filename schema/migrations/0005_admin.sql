@@ -249,3 +249,23 @@ LANGUAGE sql STABLE AS $$
     UNION ALL
     SELECT x.queue, x.state::text, count(*), NULL FROM awa.jobs_done x GROUP BY 1, 2
 $$;
+
+-- Split a queue into p_shards lanes (1 = one strict-FIFO lane). Jobs not yet
+-- claimed move to their new lane at once: the same ordering key always maps
+-- to the same lane, so per-key order survives the change.
+CREATE FUNCTION awa.set_queue_shards(p_queue text, p_shards smallint) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+    m integer;
+BEGIN
+    INSERT INTO awa.queues (name, shards) VALUES (p_queue, p_shards)
+    ON CONFLICT (name) DO UPDATE SET shards = excluded.shards;
+    UPDATE awa.jobs_hot SET lane = awa.lane_of(p_shards, ordering_key)
+     WHERE queue = p_queue AND state = 'available';
+    GET DIAGNOSTICS n = ROW_COUNT;
+    UPDATE awa.jobs_deferred SET lane = awa.lane_of(p_shards, ordering_key)
+     WHERE queue = p_queue;
+    GET DIAGNOSTICS m = ROW_COUNT;
+    RETURN n + m;
+END $$;

@@ -82,3 +82,6 @@ ROLLBACK TO SAVEPOINT awa_admin
 
 -- name: release_savepoint
 RELEASE SAVEPOINT awa_admin
+
+-- name: set_queue_shards
+SELECT awa.set_queue_shards(%(name)s, %(shards)s::smallint)
