@@ -553,11 +553,23 @@ class Supervisor:
         if cancels:
             now = time.monotonic()
             for job_id, _lease in cancels:
-                for child in self.children.all():
-                    if any(job.id == job_id for job in child.inflight):
-                        child.status.request_cancel(job_id)
-                        child.cancel_deadline = now + self.config.cancel_grace
-                        log.info("cancel requested for job %d (child %d)", job_id, child.pid)
+                holders = [child for child in self.children.all()
+                           if any(job.id == job_id for job in child.inflight)]
+                if not holders:
+                    continue
+                # Any role that can connect may NOTIFY: act only on a cancel
+                # the database confirms (awa.cancel_job commits, then notifies).
+                confirmed = self._db("confirming a cancel request", lambda cur: (
+                    cur.execute(QUERIES["job_cancelled"], {"id": job_id}), cur.fetchone()[0])[1])
+                if not confirmed:
+                    if confirmed is not None:
+                        log.warning("ignoring a cancel notification for job %d: the job is not cancelled",
+                                    job_id)
+                    continue
+                for child in holders:
+                    child.status.request_cancel(job_id)
+                    child.cancel_deadline = now + self.config.cancel_grace
+                    log.info("cancel requested for job %d (child %d)", job_id, child.pid)
 
     # -- dispatch ------------------------------------------------------------------
     def _depth(self, queue: str) -> int:

@@ -61,6 +61,11 @@ ON CONFLICT (name) DO UPDATE
 -- name: queue_settings
 SELECT name, shards, paused FROM awa.queues WHERE name = ANY(%(names)s)
 
+-- name: job_cancelled
+-- Whether a job was really cancelled: a cancel notification is only a hint
+-- (any role that can connect may NOTIFY on awa_cancel).
+SELECT EXISTS (SELECT 1 FROM awa.jobs_done WHERE id = %(id)s AND state = 'cancelled')
+
 -- name: register_callback
 UPDATE awa.jobs_hot
    SET callback_id = gen_random_uuid(),
