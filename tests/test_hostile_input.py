@@ -346,3 +346,41 @@ def test_no_password_in_cli_output(secret_url, dsn) -> None:
             assert _leaks(done.stdout + done.stderr) == [], (what, done.stderr)
         from_env = _cli("health", env={"AWA_DATABASE_URL": url})
         assert from_env.returncode != 0 and _leaks(from_env.stdout + from_env.stderr) == [], (what, from_env.stderr)
+
+
+# -- notifications are not commands -----------------------------------------------------------
+
+def test_a_forged_cancel_notification_does_not_touch_a_running_job(pools, dsn) -> None:
+    """Any role that can connect may NOTIFY on any channel (Postgres has no
+    privilege for it). A cancel notification for a job nobody cancelled must
+    not reach the handler nor kill its child."""
+    from psycopg2 import sql as pgsql
+    import uuid
+
+    role = f"awa_nobody_{uuid.uuid4().hex[:10]}"
+    admin = psycopg2.connect(dsn)
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute(pgsql.SQL("CREATE ROLE {} LOGIN").format(pgsql.Identifier(role)))  # granted nothing
+        supervisor = pools.start(app="apps.features", workers=1)
+        job_id = awa_pool.enqueue(admin, Job("cooperative", {"limit_s": 4}))
+        wait_for(lambda: count_lines(pools.log_dir, "cooperative_start") == 1, timeout=30,
+                 message="the job to start")
+        params = psycopg2.extensions.parse_dsn(dsn)
+        params["user"] = role
+        forger = psycopg2.connect(psycopg2.extensions.make_dsn(**params))
+        forger.autocommit = True
+        try:
+            with forger.cursor() as cur:
+                cur.execute("SELECT pg_notify('awa_cancel', %s)", (json.dumps({"id": job_id, "lease": 1}),))
+        finally:
+            forger.close()
+        record = awa_pool.wait(admin, [job_id], timeout=60)[0]
+        assert record.state == "completed" and record.result == "never cancelled", record
+        assert count_lines(pools.log_dir, "cooperative_saw_cancel") == 0
+        assert "ignoring a cancel notification" in supervisor.log_path.read_text()
+    finally:
+        with admin.cursor() as cur:
+            cur.execute(pgsql.SQL("DROP ROLE IF EXISTS {}").format(pgsql.Identifier(role)))
+        admin.close()
