@@ -216,6 +216,14 @@ def identity(pid: int) -> Optional[Identity]:
     return pid, int(fields[19])
 
 
+def _parent_of(pid: int) -> Optional[int]:
+    """The parent pid of a live (not zombie) process, else None."""
+    fields = _stat(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[1])
+
+
 def alive(ident: Identity) -> bool:
     return identity(ident[0]) == ident
 
@@ -1004,7 +1012,9 @@ class Chaos:
         candidates = []
         for child_pid, execution in busy.items():
             inc = self.fleet.by_pid(execution.ppid)
-            if inc is not None and inc.active and identity(child_pid) is not None:
+            # The log can name a child that died since and whose pid now belongs
+            # to another process: only ever kill a live child of a supervisor.
+            if inc is not None and inc.active and _parent_of(child_pid) == inc.pid:
                 candidates.append((child_pid, execution, inc))
         if candidates:
             child_pid, execution, inc = self.rng.choice(candidates)
@@ -1014,6 +1024,8 @@ class Chaos:
             if not children:
                 return False
             child_pid, execution = self.rng.choice(children), None
+        if _parent_of(child_pid) != inc.pid:
+            return False
         try:
             os.kill(child_pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -1289,6 +1301,7 @@ class Chaos:
                               "unrecovered": len(unrecovered)}
         fault_counts = Counter(f.kind for f in self.faults)
         summary = {
+            "command": " ".join(["python", "scripts/chaos.py", *self.args.argv]),
             "seed": self.args.seed, "duration_s": self.args.duration, "supervisors": self.args.supervisors,
             "workers": self.args.workers, "server": self.server.version,
             "jobs": analysis["jobs"], "states": analysis["states"], "lost": analysis["lost"],
@@ -1442,6 +1455,7 @@ def render(s: Dict[str, Any]) -> str:
     lines = [
         f"== chaos run: {s['duration_s']:g}s, {s['supervisors']} supervisors x {s['workers']} children, "
         f"seed {s['seed']}, {s['server']}",
+        f"   {s['command']}",
         f"{'jobs enqueued':34}{s['jobs']:>8}",
     ]
     for state in ("completed", "failed", "cancelled"):
@@ -1503,6 +1517,7 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the work dir and database afterwards")
     parser.add_argument("--summary-json", default=None, help="also write the summary to this file")
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.seed is None:
         args.seed = random.randrange(1 << 30)
     if args.database_url and args.restarts:
@@ -1515,8 +1530,15 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     return args
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
+    # SIGTERM (and SIGINT, even when a shell started us with it ignored) cleans up
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _interrupt)
     work = Path(args.work_dir).resolve() if args.work_dir else Path(tempfile.mkdtemp(prefix="awa-chaos-"))
     work.mkdir(parents=True, exist_ok=True)
     server: Any = None
