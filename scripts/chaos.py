@@ -1053,7 +1053,13 @@ class Chaos:
             return False
         inc = self.rng.choice(running)
         children = [ident for ident in (identity(pid) for pid in children_of(inc.pid)) if ident is not None]
+        was_paused = inc.paused_at is not None
         self.fleet.kill(inc, restart_after=self.rng.uniform(0.2, 2.0))
+        if was_paused:  # killed while frozen: that pause ends here
+            for fault in reversed(self.faults):
+                if fault.kind == "pause" and fault.sup_pid == inc.pid and fault.until is None:
+                    fault.until = inc.ended_at
+                    break
         fault = Fault("supervisor_kill", inc.ended_at or time.time(), sup_pid=inc.pid,
                       detail=f"slot {inc.slot}, {len(children)} children")
         self.faults.append(fault)
