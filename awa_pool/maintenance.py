@@ -4,7 +4,8 @@ step by step without a running supervisor.
 
 Services: promote due jobs, rescue jobs of lost supervisors and past their
 deadlines, expire callbacks, forget old supervisors, fire periodic jobs,
-and retention (rotate terminal history, clean bookkeeping rows).
+retention (rotate terminal history, clean bookkeeping rows) and vacuuming
+the claim path's tables.
 """
 from __future__ import annotations
 
@@ -228,6 +229,33 @@ class Retention(Service):
         return total + removed
 
 
+class VacuumQueueTables(Service):
+    """Vacuum the tables the claim path reads as soon as they carry enough
+    dead tuples. Every job leaves dead tuples in awa.jobs_hot (claim, then
+    completion), and autovacuum visits a table at most once per
+    autovacuum_naptime (a minute by default): at thousands of jobs per
+    second, claims would otherwise wade through a million dead index entries
+    before finding a live one."""
+
+    name = "vacuum_queue_tables"
+    interval = 1.0
+    TABLES = ("jobs_hot", "jobs_deferred", "queues")
+
+    def __init__(self, dead_threshold: int = 20_000) -> None:
+        self.dead_threshold = dead_threshold
+        self.vacuums = 0
+
+    def tick(self, cur: Any) -> int:
+        cur.execute(QUERIES["queue_table_dead_tuples"], {"tables": list(self.TABLES)})
+        vacuumed = 0
+        for table, dead in cur.fetchall():
+            if dead >= self.dead_threshold:
+                cur.execute(QUERIES[f"vacuum_{table}"])
+                vacuumed += 1
+        self.vacuums += vacuumed
+        return vacuumed
+
+
 class Maintenance:
     """Runs the services that are due. Not thread-safe: one runner per leader."""
 
@@ -272,4 +300,4 @@ def default_services(*, heartbeat_staleness: float, deadline_grace: float = 30.0
                      retention_failed: float = DEFAULT_RETENTION_FAILED_S) -> List[Service]:
     return [PromoteDue(), RescueLost(heartbeat_staleness), RescueDeadlines(deadline_grace),
             ExpireCallbacks(), ForgetSupervisors(), FireCron(),
-            Retention(retention_completed, retention_failed)]
+            Retention(retention_completed, retention_failed), VacuumQueueTables()]

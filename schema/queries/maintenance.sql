@@ -35,3 +35,18 @@ DELETE FROM awa.supervisors s
 
 -- name: expire_callbacks
 SELECT job_id, new_state::text FROM awa.expire_callbacks(%(limit)s)
+
+-- name: queue_table_dead_tuples
+SELECT relname, n_dead_tup FROM pg_stat_user_tables
+ WHERE schemaname = 'awa' AND relname = ANY(%(tables)s)
+
+-- name: vacuum_jobs_hot
+-- SKIP_LOCKED: never wait behind a lock; a table owner's privilege is
+-- needed (a role without it gets a warning and autovacuum does the work).
+VACUUM (SKIP_LOCKED) awa.jobs_hot
+
+-- name: vacuum_jobs_deferred
+VACUUM (SKIP_LOCKED) awa.jobs_deferred
+
+-- name: vacuum_queues
+VACUUM (SKIP_LOCKED) awa.queues

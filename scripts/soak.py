@@ -1,0 +1,360 @@
+#!/usr/bin/env python3
+"""Sustained mixed load against real supervisors, sampled every few seconds.
+
+A producer enqueues at a fixed rate, paced on real elapsed time (it catches
+up after a slow commit instead of drifting), a mix of no-op jobs, short CPU
+jobs, jobs that fail once and retry, and jobs scheduled a few seconds out.
+Every --sample seconds the script records completion rate, pickup latency
+(claim time - due time) p50/p99 of the jobs claimed in that window, queue
+depth, and the dead tuples and size of every awa table and index. It writes
+a CSV and, when matplotlib is installed, a PNG plot.
+
+    python scripts/soak.py --minutes 10 --capacity-fraction 0.7 \\
+        --retention 60s --out docs/soak
+
+First it measures the no-op capacity of the same supervisors (draining
+--calibrate-jobs jobs), unless --rate is given. Exit status 1 when the soak
+misses its bars: rate held within 5%, p99 pickup under --max-p99-ms in
+every window, dead tuples of the claim-path tables bounded (the peak of the
+second half no higher than --dead-growth times the first half's), and total
+size flat once history reached its retention age.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg2
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import awa_pool  # noqa: E402
+from awa_pool import Job  # noqa: E402
+
+APP = '''
+import time, awa_pool
+
+@awa_pool.task("soak_noop", queue="soak")
+def noop(**_):
+    pass
+
+@awa_pool.task("soak_cpu", queue="soak")
+def cpu(ms=0.2, **_):
+    end = time.process_time() + ms / 1000.0
+    while time.process_time() < end:
+        pass
+
+@awa_pool.task("soak_flaky", queue="soak", pass_context=True)
+def flaky(ctx, **_):
+    if ctx.attempt == 1:
+        raise awa_pool.Retry(delay=0.5, reason="first attempt fails on purpose")
+'''
+
+CLAIM_PATH_TABLES = ("jobs_hot", "queues")
+
+
+def with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
+def parse_seconds(text: str) -> float:
+    from awa_pool.config import parse_duration
+
+    return parse_duration(text, what="duration")
+
+
+class Supervisors:
+    def __init__(self, dsn: str, count: int, workers: int, retention: str, app_dir: Path) -> None:
+        self.procs = []
+        env = dict(os.environ, PYTHONPATH=f"{app_dir}{os.pathsep}{ROOT}")
+        for i in range(count):
+            log = open(app_dir / f"supervisor-{i}.log", "wb")
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "awa_pool", "start", "--app", "soak_app", "-w", str(workers),
+                 "--queue", "soak", "--database-url", dsn, "--retention-completed", retention,
+                 "--retention-failed", retention, "--log-level", "warning"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def count_done(cur) -> int:
+    cur.execute("SELECT count(*) FROM awa.jobs_done")
+    return cur.fetchone()[0]
+
+
+def calibrate(dsn: str, jobs: int) -> float:
+    """No-op jobs/s of the running supervisors, draining a pre-filled backlog."""
+    conn = psycopg2.connect(dsn)
+    with conn:
+        for start in range(0, jobs, 1000):
+            awa_pool.enqueue_many(conn, [Job("soak_noop", {"i": i}, queue="soak")
+                                         for i in range(start, min(jobs, start + 1000))])
+    conn.autocommit = True
+    cur = conn.cursor()
+    before = count_done(cur)
+    started = None
+    while True:
+        done = count_done(cur) - before
+        if started is None and done > 0:
+            started, first = time.monotonic(), done
+        if done >= jobs:
+            break
+        time.sleep(0.02)
+    elapsed = time.monotonic() - started
+    conn.close()
+    return (jobs - first) / elapsed
+
+
+def producer(dsn: str, rate: float, stop: threading.Event, counts: dict) -> None:
+    conn = psycopg2.connect(dsn)
+    started = time.monotonic()
+    sent = 0
+    rng = random.Random(7)
+    while not stop.is_set():
+        due = int(rate * (time.monotonic() - started))
+        batch = []
+        while sent + len(batch) < due and len(batch) < 2000:
+            roll = rng.random()
+            if roll < 0.85:
+                batch.append(Job("soak_noop", queue="soak"))
+            elif roll < 0.95:
+                batch.append(Job("soak_cpu", {"ms": 0.2}, queue="soak"))
+            elif roll < 0.98:
+                batch.append(Job("soak_flaky", queue="soak"))
+            else:
+                batch.append(Job("soak_noop", {"scheduled": True}, queue="soak", delay=5))
+        if batch:
+            with conn:
+                awa_pool.enqueue_many(conn, batch)
+            sent += len(batch)
+            counts["sent"] = sent
+        else:
+            time.sleep(0.005)
+    conn.close()
+
+
+SAMPLE_SQL = {
+    # Pickup of ready jobs (first attempts); scheduled jobs are reported apart
+    # because their lateness includes the leader's promotion interval.
+    "window": """
+        SELECT count(*) FILTER (WHERE state = 'completed'),
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM attempted_at - run_at))
+                   FILTER (WHERE NOT args ? 'scheduled'),
+               percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM attempted_at - run_at))
+                   FILTER (WHERE NOT args ? 'scheduled'),
+               percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM attempted_at - run_at))
+                   FILTER (WHERE args ? 'scheduled')
+          FROM awa.jobs_done
+         WHERE finalized_at > now() - make_interval(secs => %s) AND attempt = 1""",
+    "depth": """
+        SELECT (SELECT count(*) FROM awa.jobs_hot WHERE state = 'available'),
+               (SELECT count(*) FROM awa.jobs_hot WHERE state = 'running'),
+               (SELECT count(*) FROM awa.jobs_deferred)""",
+    "tables": """
+        SELECT c.relname, coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0),
+               pg_total_relation_size(c.oid)
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+          LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+         WHERE n.nspname = 'awa' AND c.relkind IN ('r', 'p')""",
+    "indexes": """
+        SELECT c.relname, pg_relation_size(c.oid)
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE n.nspname = 'awa' AND c.relkind = 'i'""",
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL",
+                                                                  "postgresql://postgres@127.0.0.1:5432/postgres"),
+                        help="server to use; the script creates and drops database awa_soak on it")
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, help="jobs/s (default: capacity x --capacity-fraction)")
+    parser.add_argument("--capacity-fraction", type=float, default=0.7)
+    parser.add_argument("--calibrate-jobs", type=int, default=20000)
+    parser.add_argument("--supervisors", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--retention", default="60s", help="completed and failed retention")
+    parser.add_argument("--sample", type=float, default=5.0, help="seconds between samples")
+    parser.add_argument("--max-p99-ms", type=float, default=50.0)
+    parser.add_argument("--dead-growth", type=float, default=1.5)
+    parser.add_argument("--out", default="soak", help="output prefix for .csv and .png")
+    args = parser.parse_args()
+
+    dsn = with_database(args.database_url, "awa_soak")
+    admin = psycopg2.connect(args.database_url)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute("DROP DATABASE IF EXISTS awa_soak WITH (FORCE)")
+        cur.execute("CREATE DATABASE awa_soak")
+    conn = psycopg2.connect(dsn)
+    awa_pool.migrate(conn)
+    conn.close()
+
+    app_dir = Path(tempfile.mkdtemp(prefix="awa-soak-"))
+    (app_dir / "soak_app.py").write_text(APP)
+    sys.path.insert(0, str(app_dir))
+    import soak_app  # noqa: F401  (registers the kinds so producers apply their defaults)
+
+    supervisors = Supervisors(dsn, args.supervisors, args.workers, args.retention, app_dir)
+    stop = threading.Event()
+    counts = {"sent": 0}
+    rows = []
+    failed_bars = []
+    try:
+        rate = args.rate
+        if rate is None:
+            capacity = calibrate(dsn, args.calibrate_jobs)
+            rate = capacity * args.capacity_fraction
+            print(f"no-op capacity {capacity:,.0f} jobs/s; soaking at {rate:,.0f} jobs/s "
+                  f"({args.capacity_fraction:.0%})", flush=True)
+        thread = threading.Thread(target=producer, args=(dsn, rate, stop, counts), daemon=True)
+        sample_conn = psycopg2.connect(dsn)
+        sample_conn.autocommit = True
+        cur = sample_conn.cursor()
+        started = time.monotonic()
+        thread.start()
+        end = started + args.minutes * 60
+        next_sample = started + args.sample
+        header_printed = False
+        while time.monotonic() < end:
+            time.sleep(max(0.0, next_sample - time.monotonic()))
+            now = time.monotonic()
+            next_sample += args.sample
+            cur.execute(SAMPLE_SQL["window"], (args.sample,))
+            completed_window, p50, p99, scheduled_p99 = cur.fetchone()
+            cur.execute(SAMPLE_SQL["depth"])
+            available, running, deferred = cur.fetchone()
+            cur.execute(SAMPLE_SQL["tables"])
+            tables = {name: (dead, live, size) for name, dead, live, size in cur.fetchall()}
+            cur.execute(SAMPLE_SQL["indexes"])
+            indexes = dict(cur.fetchall())
+            row = {
+                "t": round(now - started, 1), "sent": counts["sent"],
+                "completed_per_s": round(completed_window / args.sample, 1),
+                "pickup_p50_ms": round((p50 or 0) * 1000, 2), "pickup_p99_ms": round((p99 or 0) * 1000, 2),
+                "scheduled_late_p99_ms": round((scheduled_p99 or 0) * 1000, 2),
+                "available": available, "running": running, "deferred": deferred,
+                "total_bytes": sum(size for _, _, size in tables.values()),
+            }
+            for name, (dead, live, size) in sorted(tables.items()):
+                row[f"{name}.dead"] = dead
+                row[f"{name}.live"] = live
+                row[f"{name}.bytes"] = size
+            for name, size in sorted(indexes.items()):
+                row[f"idx.{name}.bytes"] = size
+            rows.append(row)
+            if not header_printed:
+                print("     t  rate/s  p50ms  p99ms  avail  hot.dead  total MB", flush=True)
+                header_printed = True
+            print(f"{row['t']:6.0f} {row['completed_per_s']:7.0f} {row['pickup_p50_ms']:6.1f} "
+                  f"{row['pickup_p99_ms']:6.1f} {available:6d} {row.get('jobs_hot.dead', 0):9d} "
+                  f"{row['total_bytes'] / 1e6:9.1f}", flush=True)
+        stop.set()
+        thread.join(10)
+        sample_conn.close()
+    finally:
+        stop.set()
+        supervisors.stop()
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    columns = sorted({key for row in rows for key in row}, key=lambda k: (k not in rows[0], k))
+    with open(out.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {out.with_suffix('.csv')}")
+
+    # -- the bars -------------------------------------------------------------------
+    warm = [r for r in rows if r["t"] > 2 * args.sample]
+    achieved = sum(r["completed_per_s"] for r in warm) / max(1, len(warm))
+    if achieved < 0.95 * rate:
+        failed_bars.append(f"rate: {achieved:,.0f} jobs/s finished on average, below 95% of {rate:,.0f}")
+    worst = max((r["pickup_p99_ms"] for r in warm), default=0.0)
+    if worst >= args.max_p99_ms:
+        failed_bars.append(f"pickup p99 reached {worst:.1f} ms (bar {args.max_p99_ms:g} ms)")
+    half = len(warm) // 2
+    for table in CLAIM_PATH_TABLES:
+        first = max((r.get(f"{table}.dead", 0) for r in warm[:half]), default=0)
+        second = max((r.get(f"{table}.dead", 0) for r in warm[half:]), default=0)
+        if second > max(args.dead_growth * first, 1000):
+            failed_bars.append(f"{table} dead tuples grew: peak {first} then {second}")
+    retention_s = parse_seconds(args.retention)
+    settled = [r for r in warm if r["t"] > retention_s * 2]
+    if len(settled) >= 4:
+        quarter = max(1, len(settled) // 4)
+        early = max(r["total_bytes"] for r in settled[:quarter])
+        late = max(r["total_bytes"] for r in settled[-quarter:])
+        if late > early * 1.25:
+            failed_bars.append(f"total size kept growing after retention: {early / 1e6:.1f} MB "
+                               f"-> {late / 1e6:.1f} MB")
+    print(f"summary: target {rate:,.0f} jobs/s, achieved {achieved:,.0f} jobs/s, worst pickup p99 "
+          f"{worst:.1f} ms, samples {len(rows)}")
+
+    try:
+        plot(rows, out.with_suffix(".png"), rate, retention_s)
+        print(f"wrote {out.with_suffix('.png')}")
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install matplotlib)")
+
+    for bar in failed_bars:
+        print(f"FAILED: {bar}")
+    return 1 if failed_bars else 0
+
+
+def plot(rows, path: Path, rate: float, retention_s: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [r["t"] for r in rows]
+    fig, axes = plt.subplots(4, 1, figsize=(10, 12), sharex=True)
+    axes[0].plot(t, [r["completed_per_s"] for r in rows], label="completed jobs/s")
+    axes[0].axhline(rate, color="grey", linestyle="--", label="target rate")
+    axes[0].set_ylabel("jobs/s")
+    axes[0].legend(loc="lower right")
+    axes[1].plot(t, [r["pickup_p50_ms"] for r in rows], label="pickup p50")
+    axes[1].plot(t, [r["pickup_p99_ms"] for r in rows], label="pickup p99")
+    axes[1].set_ylabel("ms")
+    axes[1].legend(loc="upper right")
+    for table in ("jobs_hot", "jobs_deferred", "queues"):
+        axes[2].plot(t, [r.get(f"{table}.dead", 0) for r in rows], label=f"{table} dead tuples")
+    axes[2].set_ylabel("dead tuples")
+    axes[2].legend(loc="upper right")
+    axes[3].plot(t, [r["total_bytes"] / 1e6 for r in rows], label="all awa tables + indexes")
+    axes[3].plot(t, [sum(v for k, v in r.items() if k.startswith("jobs_done_") and k.endswith(".bytes")) / 1e6
+                     for r in rows], label="terminal history (ring)")
+    axes[3].axvline(retention_s, color="grey", linestyle=":", label="retention age")
+    axes[3].set_ylabel("MB")
+    axes[3].set_xlabel("seconds")
+    axes[3].legend(loc="upper left")
+    fig.suptitle("awa_pool soak")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
