@@ -239,18 +239,19 @@ class VacuumQueueTables(Service):
 
     name = "vacuum_queue_tables"
     interval = 1.0
-    TABLES = ("jobs_hot", "jobs_deferred", "queues")
+    STATEMENTS = {"jobs_hot": QUERIES["vacuum_jobs_hot"], "jobs_deferred": QUERIES["vacuum_jobs_deferred"],
+                  "queues": QUERIES["vacuum_queues"]}
 
     def __init__(self, dead_threshold: int = 20_000) -> None:
         self.dead_threshold = dead_threshold
         self.vacuums = 0
 
     def tick(self, cur: Any) -> int:
-        cur.execute(QUERIES["queue_table_dead_tuples"], {"tables": list(self.TABLES)})
+        cur.execute(QUERIES["queue_table_dead_tuples"], {"tables": list(self.STATEMENTS)})
         vacuumed = 0
         for table, dead in cur.fetchall():
             if dead >= self.dead_threshold:
-                cur.execute(QUERIES[f"vacuum_{table}"])
+                cur.execute(self.STATEMENTS[table])
                 vacuumed += 1
         self.vacuums += vacuumed
         return vacuumed

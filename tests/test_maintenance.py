@@ -13,7 +13,8 @@ import pytest
 import awa_pool
 from awa_pool import Job
 from awa_pool.maintenance import (ExpireCallbacks, FireCron, ForgetSupervisors, Maintenance, PromoteDue,
-                                  RescueDeadlines, RescueLost, Retention, Service, default_services)
+                                  RescueDeadlines, RescueLost, Retention, Service, VacuumQueueTables,
+                                  default_services)
 from helpers import job_row, query, scalar, wait_for
 
 
@@ -208,9 +209,37 @@ def test_default_services_cover_every_duty() -> None:
     services = default_services(heartbeat_staleness=10, retention_completed=60, retention_failed=120)
     names = [s.name for s in services]
     assert names == ["promote", "rescue_lost", "rescue_deadlines", "expire_callbacks",
-                     "forget_supervisors", "fire_cron", "retention"]
-    retention = services[-1]
+                     "forget_supervisors", "fire_cron", "retention", "vacuum_queue_tables"]
+    retention = services[-2]
     assert isinstance(retention, Retention)
     assert (retention.completed_s, retention.failed_s) == (60, 120)
-    assert isinstance(services[-2], FireCron) and services[-2].interval <= 0.5
+    assert isinstance(services[-3], FireCron) and services[-3].interval <= 0.5
     assert next(s for s in services if s.name == "rescue_lost").stale_s == 10
+
+
+def test_vacuum_service_vacuums_the_claim_table_once_dead_tuples_pile_up(dsn) -> None:
+    import time as _time
+
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT awa.insert_jobs((SELECT jsonb_agg(jsonb_build_object('kind', 'v')) "
+                        "FROM generate_series(1, 3000)))")
+            cur.execute("DELETE FROM awa.jobs_hot")
+            service = VacuumQueueTables(dead_threshold=1000)
+
+            def dead():
+                cur.execute("SELECT n_dead_tup FROM pg_stat_user_tables "
+                            "WHERE schemaname = 'awa' AND relname = 'jobs_hot'")
+                return cur.fetchone()[0]
+
+            deadline = _time.monotonic() + 20
+            while dead() < 3000 and _time.monotonic() < deadline:
+                _time.sleep(0.1)  # cumulative statistics reach pg_stat within a second or so
+            assert dead() >= 3000
+            assert service.tick(cur) == 1
+            assert dead() == 0
+            assert service.tick(cur) == 0  # nothing to do below the threshold
+    finally:
+        conn.close()
