@@ -18,7 +18,7 @@ import awa_pool
 from awa_pool import Job
 from conftest import Pools, Processes
 from feature_helpers import open_gate
-from helpers import count_lines, exec_records, scalar, wait_for
+from helpers import count_lines, exec_records, query, scalar, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "chaos.py"
@@ -94,18 +94,22 @@ def _state(url: str, job_id: int):
 
 
 @pytest.mark.xdist_group("chaos")
-def test_a_claim_survives_a_server_crash(crashable, processes: Processes, tmp_path: Path) -> None:
-    """A job handed to a child stays claimed through a crash: it is not
-    claimed (and run) a second time under the same lease."""
+def test_a_lease_is_never_handed_out_twice_across_a_server_crash(crashable, processes: Processes,
+                                                                 tmp_path: Path) -> None:
+    """A job handed to a child keeps its lease to itself through a crash: if
+    the job runs again, it is under another lease, and the outcome that
+    counts is the current attempt's."""
     log_dir = tmp_path / "exec"
     log_dir.mkdir()
-    job_id = _enqueue(crashable.url, Job("sleep", {"seconds": 4}))
-    supervisor = Pools(processes, crashable.url, log_dir).start(workers=2)
-    wait_for(lambda: count_lines(log_dir, "sleep_start") == 1, timeout=30, message="the job to start")
+    job_id = _enqueue(crashable.url, Job("sleep_lease", {"seconds": 4}, queue="echo"))
+    supervisor = Pools(processes, crashable.url, log_dir).start(app="apps.echo", workers=2)
+    wait_for(lambda: count_lines(log_dir, "sleep_lease") == 1, timeout=30, message="the job to start")
     crashable.restart("immediate", 0.0)
     wait_for(lambda: _state(crashable.url, job_id) == "completed", timeout=60, message="the job to complete")
-    starts = [r for r in exec_records(log_dir) if r[0] == "sleep_start"]
-    assert len(starts) == 1, f"the job ran again after the crash: {starts}"
+    leases = [int(r[4]) for r in exec_records(log_dir) if r[0] == "sleep_lease"]
+    assert len(leases) == len(set(leases)), f"a lease ran twice: {leases}"
+    lease, result = query(crashable.url, "SELECT lease, result FROM awa.jobs WHERE id = %s", (job_id,))[0]
+    assert result == {"lease": lease} and lease in leases
     assert supervisor.poll() is None
     assert "reconnected" in supervisor.log_path.read_text()
 

@@ -4,6 +4,7 @@ or a value built in the child (to test the result path)."""
 from __future__ import annotations
 
 import os
+import time
 
 import awa_pool
 from apps.basic import record
@@ -49,3 +50,12 @@ def bad_value(what: str) -> object:
     if what == "set":
         return {"s": {1, 2}}
     raise ValueError(f"unknown case {what!r}")
+
+
+@awa_pool.task("sleep_lease", queue="echo")
+def sleep_lease(seconds: float = 1.0) -> dict:
+    """Sleep, recording the lease this execution runs under."""
+    ctx = awa_pool.current_context()
+    record("sleep_lease", ctx.id, str(ctx.lease))
+    time.sleep(seconds)
+    return {"lease": ctx.lease}
