@@ -109,7 +109,8 @@ class ExpireCallbacks(Service):
 
 
 class ForgetSupervisors(Service):
-    """Drop registrations of supervisors gone for long."""
+    """Drop registrations of supervisors gone for long, and of waiters
+    (awa_pool.wait) whose session ended without unregistering."""
 
     name = "forget_supervisors"
     interval = 60.0
@@ -119,7 +120,9 @@ class ForgetSupervisors(Service):
 
     def tick(self, cur: Any) -> int:
         cur.execute(QUERIES["forget_supervisors"], {"after_s": self.after_s})
-        return cur.rowcount
+        forgotten = cur.rowcount
+        cur.execute(QUERIES["forget_waiters"])
+        return forgotten + cur.rowcount
 
 
 class FireCron(Service):

@@ -31,14 +31,14 @@ from .children import ChildHandle, Children
 from .completer import BackgroundCompleter
 from .config import PoolConfig, QueueConfig
 from .db import connect, describe, first_line, is_connection_error
-from .errors import AwaError, ConfigError, UnknownCallback
-from .job import JobRecord
+from .errors import AwaError, ConfigError
 from .leader import Leader
 from .maintenance import Maintenance, default_services
 from .migrate import require_current
 from .notifier import Notifier
 from .periodic_admin import register_schedules
 from .protocol import PROGRESS, REPLY, REQUEST, Outcome
+from .requests import answer as answer_request
 from .sql import QUERIES
 from .tasks import all_tasks, import_app, registered
 from .version import __version__
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 STARTING, RUNNING, DRAINING, STOPPING, STOPPED = "starting", "running", "draining", "stopping", "stopped"
 TARGET_BATCH_S = 0.004       # a child's batch of short jobs should take about this long
+LEASE_COUNTER_BITS = 40       # leases: supervisor id above, claim counter below
 STEAL_AFTER_S = 0.05         # jobs queued behind one running longer than this are taken back
 EWMA_ALPHA = 0.2
 SETTINGS_REFRESH_S = 5.0
@@ -76,6 +77,7 @@ class Supervisor:
         self.job_seconds: Dict[str, float] = {}
         self.shards: Dict[str, int] = {}
         self.lane_cursor = random.randrange(1 << 16)
+        self.claims = 0
         self.leader: Optional[Leader] = None
         self.signals: List[int] = []
         self.wakeup_r = self.wakeup_w = -1
@@ -122,6 +124,10 @@ class Supervisor:
                 "hostname": self.hostname, "pid": self.pid, "version": __version__,
                 "queues": sorted(self.queues), "workers": self.config.workers})
             self.supervisor_id = cur.fetchone()[0]
+            # The registration above committed synchronously (its id seeds
+            # every lease this supervisor hands out); from here on the
+            # session's writes need not wait for fsync (see worker_session).
+            cur.execute(QUERIES["worker_session"])
             for name, queue in self.queues.items():
                 cur.execute(QUERIES["configure_queue"], {"name": name, "dlq": queue.dlq, "rate": queue.rate})
         register_schedules(self.conn)
@@ -385,26 +391,11 @@ class Supervisor:
     def _answer(self, child: ChildHandle, message: tuple) -> None:
         _, request_id, job_id, lease, method, payload = message
         try:
-            value = self._db_required(lambda cur: self._request(cur, job_id, lease, method, payload))
+            value = self._db_required(lambda cur: answer_request(cur, job_id, lease, method, payload))
             reply = (REPLY, request_id, True, value)
         except Exception as exc:  # the handler gets the error raised in its own code
             reply = (REPLY, request_id, False, exc if isinstance(exc, AwaError) else AwaError(str(exc)))
         self.children.reply(child, reply)
-
-    def _request(self, cur: Any, job_id: int, lease: int, method: str, payload: Any) -> Any:
-        if method == "register_callback":
-            cur.execute(QUERIES["register_callback"], {"id": job_id, "lease": lease, "timeout_s": payload})
-            row = cur.fetchone()
-            if row is None:
-                raise UnknownCallback(f"job {job_id} is no longer running under this attempt")
-            return row[0]
-        if method == "batch_results":
-            if payload is None:
-                raise AwaError("batch_results() is only available in a batch's follow-up job")
-            cur.execute(QUERIES["batch_members"], {"batch_id": payload})
-            names = [d.name for d in cur.description]
-            return [JobRecord.from_row(dict(zip(names, row))) for row in cur.fetchall()]
-        raise AwaError(f"unknown request {method!r}")
 
     # -- database ----------------------------------------------------------------
     def _db_required(self, fn: Callable[[Any], Any]) -> Any:
@@ -457,6 +448,8 @@ class Supervisor:
         self.reconnect_attempts += 1
         try:
             conn = connect(self.config.dsn, autocommit=True, connect_timeout=3)
+            with conn.cursor() as cur:
+                cur.execute(QUERIES["worker_session"])
             self.notifier.open()
         except (AwaError, psycopg2.Error) as exc:
             self.notifier.close()
@@ -578,6 +571,12 @@ class Supervisor:
             return 1
         return max(1, min(self.config.max_batch_per_child, int(TARGET_BATCH_S / max(seconds, 1e-6))))
 
+    def _next_lease(self) -> int:
+        """A lease no other claim ever gets: this supervisor's id (from a
+        sequence, committed durably at registration) and a claim counter."""
+        self.claims += 1
+        return (self.supervisor_id << LEASE_COUNTER_BITS) | self.claims
+
     def _lane(self, queue: str) -> int:
         shards = self.shards.get(queue, 1)
         if shards <= 1:
@@ -632,7 +631,7 @@ class Supervisor:
             lane = self._lane(name)
             got = self._db(f"claiming from {name}", lambda cur: fetcher.claim(
                 cur, queue=name, limit=want - len(rows), supervisor_id=self.supervisor_id,
-                aging_s=queue.aging, lane=lane))
+                aging_s=queue.aging, lane=lane, lease=self._next_lease()))
             if got is None:
                 if self.conn is None:
                     return None

@@ -20,10 +20,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .completer import settle_entry
 from .db import cursor_for
-from .errors import AwaError, UnknownCallback
+from .errors import AwaError
 from .execute import run
-from .job import Job, JobRecord
+from .job import Job
 from .protocol import JobSpec, Outcome
+from .requests import answer as answer_request
 from .sql import QUERIES
 from .tasks import all_tasks, apply_task_defaults
 from .version import __version__
@@ -56,21 +57,13 @@ class _InlineChannel:
                 "ids": [job_id], "leases": [lease], "progress": [progress_json]})
 
     def request(self, job_id: int, lease: int, method: str, payload: Any) -> Any:
-        if method == "register_callback":
-            if self.cur is None:
+        if self.cur is None:  # run_job: no database behind this run
+            if method == "register_callback":
                 return f"inline-callback-{job_id}"
-            self.cur.execute(QUERIES["register_callback"], {"id": job_id, "lease": lease, "timeout_s": payload})
-            row = self.cur.fetchone()
-            if row is None:
-                raise UnknownCallback(f"job {job_id} is no longer running under this attempt")
-            return row[0]
-        if method == "batch_results":
-            if self.cur is None or payload is None:
+            if method == "batch_results":
                 return []
-            self.cur.execute(QUERIES["batch_members"], {"batch_id": payload})
-            names = [d.name for d in self.cur.description]
-            return [JobRecord.from_row(dict(zip(names, row))) for row in self.cur.fetchall()]
-        raise AwaError(f"unknown request {method!r}")
+            raise AwaError(f"unknown request {method!r}")
+        return answer_request(self.cur, job_id, lease, method, payload)
 
     def cancel_requested(self, job_id: int) -> bool:
         return job_id in self.cancelled
@@ -113,7 +106,7 @@ def drain(conn: Any, queue: Optional[str] = None, *, max_jobs: int = 10_000) -> 
             claimed = []
             for name in queues:
                 cur.execute(QUERIES["claim"], {"queue": name, "limit": 1, "supervisor": supervisor_id,
-                                               "aging": 60.0, "lane": 0})
+                                               "aging": 60.0, "lane": 0, "lease": None})
                 claimed = cur.fetchall()
                 if claimed:
                     break

@@ -221,3 +221,10 @@ CREATE TABLE awa.cron_fires (
     PRIMARY KEY (name, fire_at)
 );
 CREATE INDEX jobs_done_callback ON awa.jobs_done (callback_id) WHERE callback_id IS NOT NULL;
+
+-- Sessions blocked in awa_pool.wait(): while any is listed, terminal
+-- transitions send a NOTIFY on awa_done (and only then).
+CREATE TABLE awa.waiters (
+    pid    integer PRIMARY KEY,
+    since  timestamptz NOT NULL DEFAULT now()
+);

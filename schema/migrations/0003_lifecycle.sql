@@ -49,14 +49,17 @@ BEGIN
 END $$;
 
 -- Claim up to p_limit available jobs of one queue lane for a supervisor, in
--- (effective priority, run_at, id) order. Effective priority ages: a job
+-- (effective priority, run_at, id) order. p_lease, when given, is the new
+-- lease of every claimed row: supervisors pass a value unique to their claim
+-- (their id and a counter), so even a claim lost in a server crash cannot
+-- have its lease handed out again; without it the lease is bumped by one. Effective priority ages: a job
 -- waiting longer than p_aging_s counts one level more urgent per interval,
 -- down to 1. Each priority level is read from the claim index in run_at
 -- order, so aging needs no sort of the whole backlog. Paused queues yield
 -- nothing; rate-limited queues take tokens from the shared bucket first.
 CREATE FUNCTION awa.claim(
     p_queue text, p_limit integer, p_supervisor bigint,
-    p_aging_s double precision DEFAULT 60, p_lane smallint DEFAULT 0)
+    p_aging_s double precision DEFAULT 60, p_lane smallint DEFAULT 0, p_lease bigint DEFAULT NULL)
 RETURNS TABLE (
     id bigint, kind text, queue text, args text, priority smallint, attempt integer,
     max_attempts integer, lease bigint, timeout_s double precision, tags text[],
@@ -112,7 +115,7 @@ BEGIN
     ),
     claimed AS (
         UPDATE awa.jobs_hot j
-           SET state = 'running', attempt = j.attempt + 1, lease = j.lease + 1,
+           SET state = 'running', attempt = j.attempt + 1, lease = coalesce(p_lease, j.lease + 1),
                attempted_at = clock_timestamp(), supervisor_id = p_supervisor,
                deadline = CASE WHEN j.timeout_s IS NOT NULL THEN now() + make_interval(secs => j.timeout_s) END
           FROM picked

@@ -225,12 +225,33 @@ BEGIN
 END $$;
 
 -- Tell waiters (awa_pool.wait) that jobs reached a terminal state: one
--- NOTIFY per statement, folded per transaction by Postgres.
+-- NOTIFY per statement, and only while someone waits. (A NOTIFY takes a
+-- cluster-wide lock at commit: every completion batch taking it would queue
+-- behind every producer's commit.)
 CREATE FUNCTION awa.notify_done() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('awa_done', '');
+    IF EXISTS (SELECT 1 FROM awa.waiters) THEN
+        PERFORM pg_notify('awa_done', '');
+    END IF;
     RETURN NULL;
+END $$;
+
+-- A callback id must survive a server crash once its handler has it: this
+-- one transaction commits synchronously whatever the session's setting.
+CREATE FUNCTION awa.register_callback(p_id bigint, p_lease bigint, p_timeout_s double precision)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_callback text;
+BEGIN
+    PERFORM set_config('synchronous_commit', 'on', true);
+    UPDATE awa.jobs_hot
+       SET callback_id = gen_random_uuid(),
+           callback_timeout_at = now() + make_interval(secs => p_timeout_s)
+     WHERE id = p_id AND lease = p_lease AND state = 'running'
+    RETURNING callback_id::text INTO v_callback;
+    RETURN v_callback;
 END $$;
 
 CREATE TRIGGER jobs_done_notify AFTER INSERT ON awa.jobs_done

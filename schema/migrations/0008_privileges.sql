@@ -125,6 +125,8 @@ BEGIN
     EXECUTE format('GRANT SELECT, UPDATE, DELETE ON awa.batches TO %I', p_role);
     EXECUTE format('GRANT SELECT, DELETE ON awa.unique_keys TO %I', p_role);
     EXECUTE format('GRANT SELECT, INSERT, DELETE ON awa.callbacks_retired TO %I', p_role);
+    -- terminal transitions check for waiters; the leader forgets stale ones
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON awa.waiters TO %I', p_role);
     EXECUTE format('GRANT USAGE ON SEQUENCE awa.supervisors_id_seq TO %I', p_role);
     FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
               WHERE p.pronamespace = 'awa'::regnamespace

@@ -68,10 +68,14 @@ DELETE FROM awa.jobs_done
    AND (%(kind)s::text IS NULL OR kind = %(kind)s)
 
 -- name: listen_done
+-- Registering as a waiter turns on the awa_done notifications.
+INSERT INTO awa.waiters (pid) VALUES (pg_backend_pid())
+ON CONFLICT (pid) DO UPDATE SET since = now();
 LISTEN awa_done
 
 -- name: unlisten_done
-UNLISTEN awa_done
+UNLISTEN awa_done;
+DELETE FROM awa.waiters WHERE pid = pg_backend_pid()
 
 -- name: savepoint
 -- Lets a refused callback leave the caller's transaction usable.

@@ -50,3 +50,8 @@ VACUUM (SKIP_LOCKED) awa.jobs_deferred
 
 -- name: vacuum_queues
 VACUUM (SKIP_LOCKED) awa.queues
+
+-- name: forget_waiters
+-- Waiters whose session ended without unregistering (killed mid-wait).
+DELETE FROM awa.waiters w
+ WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.pid)

@@ -1,13 +1,15 @@
 -- Statements of a running supervisor (its main connection, autocommit).
 
 -- name: worker_session
--- The completer's session: an outcome lost in a server crash leaves its job
--- running under this supervisor, which releases it when it reconnects
--- (reconcile), so the job only runs again (at-least-once); these writes need
--- not wait for fsync. Not for the supervisor's main connection: a claim or a
--- callback registration lost after its reply reached a child would hand the
--- same lease out again (two live executions whose outcomes overwrite each
--- other) or park the job on a callback id the database forgot.
+-- A supervisor's writes need not wait for fsync. An outcome lost in a server
+-- crash leaves its job running under this supervisor, which releases it when
+-- it reconnects (reconcile): the job only runs again (at-least-once). A claim
+-- lost in a crash puts its jobs back as they were; its lease was unique to
+-- that claim (supervisor id and counter), so the children still running them
+-- can never write over the attempts of whoever claims them next. The two
+-- writes that must survive a crash commit synchronously on their own:
+-- registering the supervisor (its id seeds the leases) and registering a
+-- callback (awa.register_callback).
 SET synchronous_commit = off
 
 -- name: listen
@@ -18,7 +20,8 @@ LISTEN awa_jobs; LISTEN awa_cancel
 NOTIFY awa_jobs, ''
 
 -- name: claim
-SELECT * FROM awa.claim(%(queue)s, %(limit)s, %(supervisor)s, %(aging)s, %(lane)s::smallint)
+SELECT * FROM awa.claim(%(queue)s, %(limit)s, %(supervisor)s, %(aging)s, %(lane)s::smallint,
+                        %(lease)s::bigint)
 
 -- name: complete_jobs
 SELECT awa.complete_jobs(%(ids)s::bigint[], %(leases)s::bigint[], %(wall)s::real[],
@@ -67,11 +70,8 @@ SELECT name, shards, paused FROM awa.queues WHERE name = ANY(%(names)s)
 SELECT EXISTS (SELECT 1 FROM awa.jobs_done WHERE id = %(id)s AND state = 'cancelled')
 
 -- name: register_callback
-UPDATE awa.jobs_hot
-   SET callback_id = gen_random_uuid(),
-       callback_timeout_at = now() + make_interval(secs => %(timeout_s)s)
- WHERE id = %(id)s AND lease = %(lease)s AND state = 'running'
-RETURNING callback_id::text
+-- NULL when the job no longer runs under this lease.
+SELECT awa.register_callback(%(id)s, %(lease)s, %(timeout_s)s)
 
 -- name: batch_members
 SELECT * FROM awa.jobs WHERE batch_id = %(batch_id)s ORDER BY id
