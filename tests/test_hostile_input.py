@@ -14,12 +14,14 @@ import signal
 import subprocess
 import sys
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import Iterator, List
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
 import pytest
+from psycopg2 import sql as pgsql
 
 import awa_pool
 from awa_pool import Job, Unique
@@ -354,9 +356,6 @@ def test_a_forged_cancel_notification_does_not_touch_a_running_job(pools, dsn) -
     """Any role that can connect may NOTIFY on any channel (Postgres has no
     privilege for it). A cancel notification for a job nobody cancelled must
     not reach the handler nor kill its child."""
-    from psycopg2 import sql as pgsql
-    import uuid
-
     role = f"awa_nobody_{uuid.uuid4().hex[:10]}"
     admin = psycopg2.connect(dsn)
     admin.autocommit = True
