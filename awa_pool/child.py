@@ -19,7 +19,7 @@ import traceback
 from typing import Any, List, Optional, Sequence
 
 from .execute import run as run_job
-from .protocol import (DONE, PROGRESS, READY, REPLY, REQUEST, RUN, STOP, JobSpec, Outcome,
+from .protocol import (DONE, LOW, PROGRESS, READY, REPLY, REQUEST, RUN, STOP, JobSpec, Outcome,
                        StatusBlock, recv_blocking, send)
 from .tasks import child_start_hooks
 
@@ -107,6 +107,7 @@ class PipeChannel:
         self.status = status
         self.next_request = 0
         self.stop_requested = False
+        self.queued_runs: List[tuple] = []  # RUN messages read while awaiting a reply
         self.last_progress: dict = {}
 
     def progress(self, job_id: int, lease: int, progress_json: str) -> None:
@@ -125,6 +126,8 @@ class PipeChannel:
                 os._exit(0)  # the supervisor is gone
             if message[0] == STOP:
                 self.stop_requested = True
+            elif message[0] == RUN:
+                self.queued_runs.append(message)  # a next batch, queued behind this one
             elif message[0] == REPLY and message[1] == request_id:
                 ok, value = message[2], message[3]
                 if not ok:
@@ -135,11 +138,12 @@ class PipeChannel:
         return self.status.cancel_requested_for(job_id)
 
 
-def _run_batch(jobs: List[tuple], channel: PipeChannel, status: StatusBlock, up_fd: int,
-               result_max_bytes: int) -> None:
+def _run_batch(jobs: List[tuple], first_position: int, channel: PipeChannel, status: StatusBlock,
+               up_fd: int, result_max_bytes: int) -> None:
     pending: List[Outcome] = []
     _reset_peak_rss()
     last_flush = time.monotonic()
+    low_at = len(jobs) // 2  # tell the supervisor when half the batch has started
 
     def flush() -> None:
         nonlocal last_flush
@@ -150,16 +154,15 @@ def _run_batch(jobs: List[tuple], channel: PipeChannel, status: StatusBlock, up_
         _reset_peak_rss()
         last_flush = time.monotonic()
 
-    started_ids = set()
-    for fields in jobs:
+    for index, fields in enumerate(jobs):
         job = JobSpec(*fields)
-        stop_after = status.stop_after()
-        if (stop_after and stop_after in started_ids) or status.cancel_requested_for(job.id):
-            # taken back by the supervisor (or cancelled) before it started
+        if status.cancel_requested_for(job.id) or not status.start(
+                job.id, first_position + index, time.monotonic()):
+            # cancelled, or taken back by the supervisor, before it started
             pending.append(Outcome(job.id, job.lease, "released"))
             continue
-        started_ids.add(job.id)
-        status.set_running(job.id, time.monotonic())
+        if index == low_at:
+            send(up_fd, (LOW,))
         outcome = run_job(job, channel, result_max_bytes=result_max_bytes)
         status.clear_running()
         channel.last_progress.pop(job.id, None)
@@ -185,12 +188,19 @@ def child_main(parent_pid: int, down_fd: int, up_fd: int, status: StatusBlock,
             sys.stderr.flush()
             os._exit(EXIT_HOOK_FAILED)
         send(up_fd, (READY, os.getpid()))
-        while not channel.stop_requested:
-            message = recv_blocking(down_fd)
+        position = 0  # this child's stream position of the next job it receives
+        while True:
+            if channel.queued_runs:
+                message = channel.queued_runs.pop(0)
+            elif channel.stop_requested:
+                break
+            else:
+                message = recv_blocking(down_fd)
             if message is None or message[0] == STOP:
                 break
             if message[0] == RUN:
-                _run_batch(message[1], channel, status, up_fd, result_max_bytes)
+                _run_batch(message[1], position, channel, status, up_fd, result_max_bytes)
+                position += len(message[1])
     except BrokenPipeError:
         pass  # the supervisor is gone
     except BaseException:

@@ -16,7 +16,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 import multiprocess
 
 from .child import EXIT_HOOK_FAILED, child_main
-from .protocol import (DONE, PROGRESS, READY, REQUEST, RUN, STOP, FrameReader, Outcome,
+from .protocol import (DONE, LOW, PROGRESS, READY, REQUEST, RUN, STOP, FrameReader, Outcome,
                        StatusBlock, send)
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,7 @@ class InFlight:
     kind: str
     queue: str
     timeout_s: Optional[float]
+    position: int  # in the child's stream of jobs (see StatusBlock.skip)
 
 
 @dataclass
@@ -54,6 +55,8 @@ class ChildHandle:
     stopping: bool = False
     kill_reason: Optional[Tuple[str, str]] = None  # (outcome, error) for the running job
     cancel_deadline: Optional[float] = None
+    next_position: int = 0         # stream position of the next job sent to it
+    refill_wanted: bool = False    # half its batch has started: queue the next one
 
     @property
     def tasks_left(self) -> int:
@@ -73,6 +76,21 @@ class ChildHandle:
     def running_job(self) -> Tuple[int, float]:
         """(job id, monotonic start) of the job running now, (0, _) if none."""
         return self.status.running()
+
+
+F_SETPIPE_SZ = 1031
+PIPE_BYTES = 1 << 20
+
+
+def _grow_pipe(fd: int) -> None:
+    """A next batch is written while the child still runs the current one:
+    a 1 MB pipe lets the write complete without waiting for the child."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
+    except (ImportError, OSError):
+        pass  # not Linux, or over the system's limit: refills stay small
 
 
 def describe_exit(exitcode: Optional[int]) -> str:
@@ -124,6 +142,7 @@ class Children:
         process.start()
         os.close(down_r)
         os.close(up_w)
+        _grow_pipe(down_w)
         os.set_blocking(up_r, False)
         recycle_after = None
         if self.max_tasks_per_child:
@@ -158,9 +177,11 @@ class Children:
         """Send a batch of claimed rows (awa.claim columns) to an idle child;
         `timeouts` are the effective per-job timeouts (row or task default)."""
         child.queue = queue
-        child.inflight = [InFlight(row[0], row[7], row[1], row[2], timeout)
-                          for row, timeout in zip(rows, timeouts)]
-        child.status.set_stop_after(0)
+        start = child.next_position
+        child.inflight.extend(InFlight(row[0], row[7], row[1], row[2], timeout, start + i)
+                              for i, (row, timeout) in enumerate(zip(rows, timeouts)))
+        child.next_position = start + len(rows)
+        child.refill_wanted = False
         try:
             send(child.down_fd, (RUN, list(rows)))
         except (BrokenPipeError, OSError):
@@ -179,10 +200,14 @@ class Children:
                 child.rss = message[2]
                 done_ids = {o.job_id for o in reported}
                 child.inflight = [job for job in child.inflight if job.id not in done_ids]
+                if not child.inflight:
+                    child.refill_wanted = False  # idle: the planner hands it out again
                 child.tasks_done += sum(1 for o in reported if o.outcome != "released")
                 outcomes.extend(reported)
             elif tag == READY:
                 child.ready = True
+            elif tag == LOW:
+                child.refill_wanted = True
             elif tag in (PROGRESS, REQUEST):
                 others.append(message)
             else:

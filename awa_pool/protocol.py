@@ -11,6 +11,8 @@ Up (child -> supervisor):
     (DONE, [outcome, ...], rss)       outcomes in run order, child RSS now
     (PROGRESS, job_id, lease, json)   latest progress of a running job
     (REQUEST, request_id, job_id, lease, method, payload)
+    (LOW,)                            half of the current batch has started:
+                                      a next batch may be queued behind it
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import struct
 from typing import Any, List, NamedTuple, Optional, Tuple
 
 RUN, REPLY, STOP = 1, 2, 3
-READY, DONE, PROGRESS, REQUEST = 10, 11, 12, 13
+READY, DONE, PROGRESS, REQUEST, LOW = 10, 11, 12, 13, 14
 
 _HEADER = struct.Struct("!I")
 MAX_FRAME = 256 * 1024 * 1024
@@ -163,54 +165,80 @@ class FrameReader:
 class StatusBlock:
     """A few words of memory shared between a supervisor and one child.
 
-    The child records which job it is running and since when (so the
-    supervisor can enforce timeouts and name the victim of a crash without
-    a message per job); the supervisor posts cancel requests, and takes back
-    the jobs queued behind a job that runs long (see Supervisor._steal).
+    The child records which job it is running, since when, and that job's
+    position in its stream of jobs (0, 1, 2...): the supervisor enforces
+    timeouts and names the victim of a crash without a message per job. The
+    supervisor posts cancel requests, and can take back queued jobs that
+    have not started: the child skips the positions in [skip_from, skip_to).
+    A lock makes the child's "is it skipped? then I start it" one step, so
+    a job is either taken back or started, never both.
     """
 
     CANCEL_SLOTS = 4
-    SIZE = 32 + 8 * CANCEL_SLOTS
-    _WORD = struct.Struct("q")      # offsets 0 (job id running now, 0 = none), 16, 24, 32...
-    _STARTED = struct.Struct("d")   # offset 8: its start, time.monotonic()
-    # offset 16: skip this batch's jobs after this one (see Supervisor._steal)
-    # offset 24: next cancel slot to write (supervisor side only)
-    # offsets 32..: job ids whose cancel was requested (a small ring, so a
-    # second cancel in one batch does not overwrite the first)
+    SIZE = 48 + 8 * CANCEL_SLOTS
+    _WORD = struct.Struct("q")
+    _STARTED = struct.Struct("d")
+    # offset 0: job id running now (0 = none)      8: its start, time.monotonic()
+    # offset 16: skip_from                          24: skip_to
+    # offset 32: cancel requests posted so far     40: stream position last started
+    # offsets 48..: job ids whose cancel was requested (a small ring, so a
+    # second cancel in one batch does not erase the first)
 
     def __init__(self) -> None:
         import mmap
+        import multiprocessing
 
         self.memory = mmap.mmap(-1, self.SIZE)  # anonymous and shared across fork
+        self._WORD.pack_into(self.memory, 40, -1)
+        self.lock = multiprocessing.get_context("fork").Lock()
 
-    def set_running(self, job_id: int, started: float) -> None:
-        self._STARTED.pack_into(self.memory, 8, started)
-        self._WORD.pack_into(self.memory, 0, job_id)
+    # -- child side ------------------------------------------------------------
+    def start(self, job_id: int, position: int, started: float) -> bool:
+        """Start the job at this stream position unless it was taken back."""
+        with self.lock:
+            memory = self.memory
+            if self._WORD.unpack_from(memory, 16)[0] <= position < self._WORD.unpack_from(memory, 24)[0]:
+                return False
+            self._STARTED.pack_into(memory, 8, started)
+            self._WORD.pack_into(memory, 0, job_id)
+            self._WORD.pack_into(memory, 40, position)
+            return True
 
     def clear_running(self) -> None:
         self._WORD.pack_into(self.memory, 0, 0)
 
+    # -- supervisor side -------------------------------------------------------
     def running(self) -> Tuple[int, float]:
         return self._WORD.unpack_from(self.memory, 0)[0], self._STARTED.unpack_from(self.memory, 8)[0]
 
+    def take_back(self, first: int, end: int, timeout: float = 0.05) -> Optional[int]:
+        """Take back the not-yet-started positions from `first` to `end`:
+        returns the first position taken back (jobs from there on will be
+        skipped), or None if nothing could be (all started, or the lock is
+        unavailable: a child killed while holding it)."""
+        if not self.lock.acquire(timeout=timeout):
+            return None
+        try:
+            start = max(first, self._WORD.unpack_from(self.memory, 40)[0] + 1)
+            if start >= end:
+                return None
+            self._WORD.pack_into(self.memory, 24, end)
+            self._WORD.pack_into(self.memory, 16, start)
+            return start
+        finally:
+            self.lock.release()
+
     def request_cancel(self, job_id: int) -> None:
-        slot = self._WORD.unpack_from(self.memory, 24)[0]
-        self._WORD.pack_into(self.memory, 32 + 8 * (slot % self.CANCEL_SLOTS), job_id)
-        self._WORD.pack_into(self.memory, 24, slot + 1)
+        slot = self._WORD.unpack_from(self.memory, 32)[0]
+        self._WORD.pack_into(self.memory, 48 + 8 * (slot % self.CANCEL_SLOTS), job_id)
+        self._WORD.pack_into(self.memory, 32, slot + 1)
 
     def cancel_requested_for(self, job_id: int) -> bool:
         memory = self.memory
-        if not self._WORD.unpack_from(memory, 24)[0]:
+        if not self._WORD.unpack_from(memory, 32)[0]:
             return False  # no cancel was ever posted to this child
-        return any(self._WORD.unpack_from(memory, 32 + 8 * i)[0] == job_id
+        return any(self._WORD.unpack_from(memory, 48 + 8 * i)[0] == job_id
                    for i in range(self.CANCEL_SLOTS))
-
-    def set_stop_after(self, job_id: int) -> None:
-        """The supervisor took back the jobs queued behind `job_id` (0: none)."""
-        self._WORD.pack_into(self.memory, 16, job_id)
-
-    def stop_after(self) -> int:
-        return self._WORD.unpack_from(self.memory, 16)[0]
 
     def close(self) -> None:
         self.memory.close()

@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 STARTING, RUNNING, DRAINING, STOPPING, STOPPED = "starting", "running", "draining", "stopping", "stopped"
 TARGET_BATCH_S = 0.004       # a child's batch of short jobs should take about this long
 LEASE_COUNTER_BITS = 40       # leases: supervisor id above, claim counter below
-STEAL_AFTER_S = 0.05         # jobs queued behind one running longer than this are taken back
+TAKE_BACK_AFTER_S = 0.1      # jobs queued behind one running longer than this are taken back
+PREFETCH_BELOW_S = 0.05      # queue a child's next batch early only for jobs shorter than this
 EWMA_ALPHA = 0.2
 SETTINGS_REFRESH_S = 5.0
 RECONCILE_INTERVAL_S = 30.0
@@ -361,32 +362,32 @@ class Supervisor:
                     self.children.kill(child, "timeout", f"timed out after {job.timeout_s:g}s: "
                                                          "the child running it was killed")
                     continue
-                if now - started > STEAL_AFTER_S and child.inflight[-1].id != job_id:
-                    self._steal(child, job_id, started)
+                if now - started > TAKE_BACK_AFTER_S and child.inflight[-1].id != job_id:
+                    self._take_back(child, f"job {job_id} runs long")
             if child.cancel_deadline is not None and now >= child.cancel_deadline:
                 if job_id and child.status.cancel_requested_for(job_id):
                     self.children.kill(child, "released", "cancelled: the handler did not stop "
                                                           "within the grace period")
                 child.cancel_deadline = None
 
-    def _steal(self, child: ChildHandle, job_id: int, started: float) -> None:
-        """Take back the jobs queued behind one that runs long, so they do not
-        wait for it: they go back to the queue for idle children. Safe only if
-        the child is still inside that job after we post the cut, because it
-        checks the cut before starting each job."""
-        child.status.set_stop_after(job_id)
-        if child.running_job() != (job_id, started):
-            # It moved on meanwhile: it saw the cut (and will report the
-            # skipped jobs as released) or it did not (and runs them).
+    def _take_back(self, child: ChildHandle, why: str) -> None:
+        """Put the jobs queued in a child that have not started back in the
+        queue, for idle children to take (behind a job that runs long, or at
+        shutdown). The child skips them; a job it already started stays."""
+        if not child.inflight:
             return
-        position = next(i for i, job in enumerate(child.inflight) if job.id == job_id)
-        stolen, child.inflight = child.inflight[position + 1:], child.inflight[:position + 1]
+        first = child.status.take_back(child.inflight[0].position, child.next_position)
+        if first is None:
+            return
+        stolen = [job for job in child.inflight if job.position >= first]
+        child.inflight = [job for job in child.inflight if job.position < first]
+        child.refill_wanted = False
         for job in stolen:
             self.completer.add(Outcome(job.id, job.lease, "released"))
-        self.has_work[stolen[0].queue] = True
-        self._count("stolen")
-        log.debug("took back %d job(s) queued behind long-running job %d in child %d",
-                  len(stolen), job_id, child.pid)
+        if stolen:
+            self.has_work[stolen[0].queue] = True
+            self._count("taken_back")
+            log.debug("took back %d queued job(s) from child %d (%s)", len(stolen), child.pid, why)
 
     def _answer(self, child: ChildHandle, message: tuple) -> None:
         _, request_id, job_id, lease, method, payload = message
@@ -587,40 +588,77 @@ class Supervisor:
     def _dispatch(self) -> None:
         """Hand idle children to queues with work: plan, claim, assign. Plans
         again at once while a round leaves children idle and some queue may
-        still have work (an empty claim clears that queue's flag)."""
+        still have work (an empty claim clears that queue's flag). Then queue
+        a next batch behind children half-way through a batch of short jobs,
+        so they never wait for a claim between batches."""
         for _ in range(len(self.queues) + 1):
             idle = self.children.idle()
             if not idle or self.conn is None:
-                return
+                break
             now = time.monotonic()
-            blocked = {name for name, until in self.blocked_until.items() if until > now}
+            blocked = self._blocked(now)
             demand = [name for name, flag in self.has_work.items() if flag]
             plan = dispatcher.plan(len(idle), self.config.workers, self.queues,
                                    self.children.busy_by_queue(), demand, blocked)
             if not plan:
-                return
+                break
             assigned = 0
             free = iter(idle)
             for name, count in plan.items():
-                chosen = [next(free) for _ in range(count)]
-                depth = self._depth(name)
-                # a child due for recycling takes no more jobs than it has left
-                caps = [max(1, min(depth, child.tasks_left)) for child in chosen]
-                rows = self._claim(name, sum(caps), now)
-                if rows is None:
+                got = self._fill(name, [next(free) for _ in range(count)], now)
+                if got is None:
                     return
-                offset = 0
-                for index, child in enumerate(chosen):
-                    left = len(rows) - offset
-                    if left <= 0:
-                        break
-                    take = min(caps[index], -(-left // (count - index)))  # spread evenly
-                    batch = rows[offset:offset + take]
-                    offset += take
-                    self.children.assign(child, name, batch, [self._timeout_of(row) for row in batch])
-                    assigned += 1
+                assigned += got
             if assigned == len(idle):
+                break
+        if self.conn is not None:
+            self._refill(time.monotonic())
+
+    def _refill(self, now: float) -> None:
+        wanting: Dict[str, List[ChildHandle]] = {}
+        for child in self.children.all():
+            if (child.refill_wanted and child.inflight and not child.stopping and child.kill_reason is None
+                    and child.tasks_left > 0
+                    and self.children.should_recycle(child, self.config.max_memory_per_child) is None):
+                wanting.setdefault(child.inflight[-1].queue, []).append(child)
+        if not wanting:
+            return
+        blocked = self._blocked(now)
+        busy = self.children.busy_by_queue()
+        demand = {name for name, flag in self.has_work.items() if flag and name not in blocked}
+        share = dispatcher.entitlements(self.config.workers, self.queues,
+                                        demand | {name for name, n in busy.items() if n})
+        for name, kids in wanting.items():
+            if name not in demand or self.job_seconds.get(name, 1.0) >= PREFETCH_BELOW_S:
+                continue  # nothing to take, or jobs too long to queue ahead
+            if busy.get(name, 0) > share.get(name, 0):
+                continue  # over its share: let these children free up for other queues
+            if self._fill(name, kids, now) is None:
                 return
+
+    def _fill(self, name: str, kids: List[ChildHandle], now: float) -> Optional[int]:
+        """Claim one batch for each of these children in one round trip and
+        send it; returns how many got work (None: the database was lost)."""
+        depth = self._depth(name)
+        # a child due for recycling takes no more jobs than it has left
+        caps = [max(1, min(depth, child.tasks_left)) for child in kids]
+        rows = self._claim(name, sum(caps), now)
+        if rows is None:
+            return None
+        offset = given = 0
+        for index, child in enumerate(kids):
+            left = len(rows) - offset
+            if left <= 0:
+                break
+            take = min(caps[index], -(-left // (len(kids) - index)))  # spread evenly
+            batch = rows[offset:offset + take]
+            offset += take
+            self.children.assign(child, name, batch, [self._timeout_of(row) for row in batch])
+            given += 1
+        return given
+
+    def _blocked(self, now: float) -> set:
+        return {name for name, until in self.blocked_until.items() if until > now}
 
     def _claim(self, name: str, want: int, now: float) -> Optional[List[tuple]]:
         """Claim up to `want` jobs of a queue (trying lanes of a sharded
@@ -693,6 +731,8 @@ class Supervisor:
     def _begin_drain(self) -> None:
         self.state = DRAINING
         self.drain_deadline = time.monotonic() + self.config.shutdown_timeout
+        for child in self.children.all():  # only the jobs already running finish
+            self._take_back(child, "shutting down")
         self._event("draining", {})
 
     def _begin_stop(self) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import select
 
 from awa_pool.protocol import DONE, RUN, FrameReader, Outcome, StatusBlock, encode, recv_blocking, send
 
@@ -23,8 +24,6 @@ def test_frames_survive_partial_reads_and_big_messages():
     os.close(write_fd)
     messages = []
     while not reader.eof:
-        import select
-
         select.select([read_fd], [], [], 5)
         messages.extend(reader.read_available())
     os.waitpid(pid, 0)
@@ -49,16 +48,56 @@ def test_status_block_is_shared_across_fork():
     status.request_cancel(6)  # a second cancel does not erase the first
     pid = os.fork()
     if pid == 0:
-        code = 0 if status.cancel_requested_for(5) and status.cancel_requested_for(6) else 1
-        status.set_running(42, 1.5)
-        status.set_stop_after(41)
-        os._exit(code)
+        ok = status.cancel_requested_for(5) and status.cancel_requested_for(6)
+        ok = ok and status.start(42, 0, 1.5)
+        os._exit(0 if ok else 1)
     _, result = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(result) == 0
     assert status.running() == (42, 1.5)
-    assert status.stop_after() == 41
     for job_id in range(10, 10 + StatusBlock.CANCEL_SLOTS):
         status.request_cancel(job_id)
     assert not status.cancel_requested_for(5)  # the ring keeps the latest few
     assert all(status.cancel_requested_for(j) for j in range(10, 10 + StatusBlock.CANCEL_SLOTS))
     status.close()
+
+
+def test_take_back_never_touches_a_started_job():
+    status = StatusBlock()
+    assert status.start(1, 0, 0.0)             # position 0 runs
+    assert status.take_back(0, 5) == 1         # positions 1..4 come back, never 0
+    assert not status.start(2, 1, 0.0)         # the child skips them
+    assert not status.start(5, 4, 0.0)
+    assert status.start(9, 5, 0.0)             # later positions are untouched
+    assert status.take_back(0, 6) is None      # nothing left that has not started
+    status.close()
+
+
+def test_take_back_races_the_child_without_losing_or_doubling_a_job():
+    """A child starts positions 0..N-1 as fast as it can while the parent
+    takes back a suffix: every position ends started exactly once or taken
+    back exactly once."""
+    for _ in range(50):
+        status = StatusBlock()
+        read_fd, write_fd = os.pipe()
+        total = 200
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_fd)
+            started = [p for p in range(total) if status.start(p + 1, p, 0.0)]
+            os.write(write_fd, ",".join(map(str, started)).encode() or b"-")
+            os._exit(0)
+        os.close(write_fd)
+        first = status.take_back(0, total)
+        data = b""
+        while True:
+            chunk = os.read(read_fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+        os.close(read_fd)
+        os.waitpid(pid, 0)
+        started = set() if data == b"-" else {int(x) for x in data.decode().split(",")}
+        taken = set(range(first, total)) if first is not None else set()
+        assert started.isdisjoint(taken)
+        assert started | taken == set(range(total))
+        status.close()
