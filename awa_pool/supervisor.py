@@ -257,12 +257,17 @@ class Supervisor:
         if self.conn is None:
             self._maybe_reconnect(now)
         self._maintain_children()
-        if now >= self.next_heartbeat and self.conn is not None:
-            self._heartbeat(now)
         if now >= self.next_poll:
             self._poll(now)
+        # Dispatch before the periodic writes: a job woken by NOTIFY must not
+        # wait behind a heartbeat's round trip.
         if self.state == RUNNING and self.conn is not None:
             self._dispatch()
+        if now >= self.next_heartbeat and self.conn is not None:
+            self._heartbeat(now)
+        if now >= self.next_settings and self.conn is not None:
+            self.next_settings = now + SETTINGS_REFRESH_S
+            self._refresh_settings()
         if self.state in (DRAINING, STOPPING):
             self._advance_shutdown(time.monotonic())
 
@@ -521,9 +526,6 @@ class Supervisor:
         self.next_poll = now + interval * random.uniform(0.9, 1.1)
         for name in self.queues:
             self.has_work[name] = True
-        if now >= self.next_settings and self.conn is not None:
-            self.next_settings = now + SETTINGS_REFRESH_S
-            self._refresh_settings()
 
     def _refresh_settings(self) -> None:
         def read(cur: Any) -> None:
