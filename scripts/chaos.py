@@ -70,6 +70,7 @@ import psycopg2.extensions
 from psycopg2 import sql
 
 import awa_pool
+from awa_pool.db import redact
 
 LOG_DIR_ENV = "AWA_CHAOS_LOG_DIR"
 RUN_ENV = "AWA_CHAOS_RUN"
@@ -1307,7 +1308,7 @@ class Chaos:
                               "unrecovered": len(unrecovered)}
         fault_counts = Counter(f.kind for f in self.faults)
         summary = {
-            "command": " ".join(["python", "scripts/chaos.py", *self.args.argv]),
+            "command": redact(" ".join(["python", "scripts/chaos.py", *self.args.argv])),
             "seed": self.args.seed, "duration_s": self.args.duration, "supervisors": self.args.supervisors,
             "workers": self.args.workers, "server": self.server.version,
             "jobs": analysis["jobs"], "states": analysis["states"], "lost": analysis["lost"],
