@@ -106,6 +106,7 @@ DECLARE
     v_key     bytea;
     v_holder  bigint;
     v_run_at  timestamptz := coalesce(run_at, now());
+    v_shards  smallint;
     v_lane    smallint;
 BEGIN
     IF unique_opts IS NOT NULL THEN
@@ -119,7 +120,8 @@ BEGIN
         END IF;
     END IF;
 
-    v_lane := awa.lane_of((SELECT q.shards FROM awa.queues q WHERE q.name = queue), ordering_key);
+    SELECT q.shards INTO v_shards FROM awa.queues q WHERE q.name = queue;
+    v_lane := CASE WHEN v_shards > 1 THEN awa.lane_of(v_shards, ordering_key) ELSE 0 END;
 
     IF hold OR v_run_at > now() THEN
         INSERT INTO awa.jobs_deferred AS j (id, kind, queue, args, state, priority, run_at,

@@ -1,23 +1,12 @@
 -- Producer statements: they run in the caller's transaction.
 
 -- name: insert_job
--- One job through the stable SQL entry point; a delay is counted on the
--- database clock.
-SELECT awa.insert_job(
-    kind => %(kind)s,
-    args => %(args)s::jsonb,
-    queue => %(queue)s,
-    priority => %(priority)s,
-    run_at => coalesce(%(run_at)s::timestamptz,
-                       now() + make_interval(secs => %(delay_s)s::double precision)),
-    max_attempts => %(max_attempts)s,
-    timeout_s => %(timeout_s)s,
-    tags => %(tags)s::text[],
-    metadata => %(metadata)s::jsonb,
-    unique_opts => %(unique_opts)s::jsonb,
-    ordering_key => %(ordering_key)s,
-    batch_id => %(batch_id)s,
-    hold => %(hold)s)
+-- One job through the stable SQL entry point (positional arguments: the
+-- named form costs a lookup per call); a delay counts on the database clock.
+SELECT awa.insert_job(%(kind)s, %(args)s::jsonb, %(queue)s, %(priority)s,
+    coalesce(%(run_at)s::timestamptz, now() + make_interval(secs => %(delay_s)s::double precision)),
+    %(max_attempts)s, %(timeout_s)s, %(tags)s::text[], %(metadata)s::jsonb, %(unique_opts)s::jsonb,
+    %(ordering_key)s, %(batch_id)s, %(hold)s)
 
 -- name: insert_jobs
 -- Many jobs in one round trip; returns (input position, id).

@@ -125,16 +125,20 @@ def _job(payload: dict, queue: str) -> awa_pool.Job:
 
 
 class Producer:
+    """One connection in autocommit: each enqueue call is its own transaction,
+    committed (durably, default synchronous_commit) by the statement itself,
+    as the peers' adapters do; a bulk chunk is one statement, so one
+    transaction too."""
+
     def open(self, dsn: str) -> None:
         self.conn = psycopg2.connect(dsn)
+        self.conn.autocommit = True
 
     def enqueue(self, payload: dict, queue: str) -> None:
         awa_pool.enqueue(self.conn, _job(payload, queue))
-        self.conn.commit()
 
     def enqueue_batch(self, payloads: list, queue: str) -> None:
         awa_pool.enqueue_many(self.conn, [_job(p, queue) for p in payloads])
-        self.conn.commit()
 
     def close(self) -> None:
         self.conn.close()
