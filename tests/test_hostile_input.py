@@ -157,8 +157,8 @@ def test_args_the_handler_cannot_take_fail_the_job_not_the_child(pools, dsn) -> 
     conn = psycopg2.connect(dsn)
     try:
         before = awa_pool.enqueue(conn, Job("whoami"))
-        bad = [awa_pool.enqueue(conn, Job("add", args, max_attempts=5)) for args in (
-            {"x": 1}, {"a": 1}, {"a": 1, "b": 2, "c": 3}, {"a": "text", "b": 2})]
+        bad = [awa_pool.enqueue(conn, Job("add", args, max_attempts=attempts)) for args, attempts in (
+            ({"x": 1}, 5), ({"a": 1}, 5), ({"a": 1, "b": 2, "c": 3}, 5), ({"a": "text", "b": 2}, 1))]
         after = awa_pool.enqueue(conn, Job("whoami"))
         conn.commit()
         records = _wait_done(conn, [before, *bad, after])
@@ -170,8 +170,10 @@ def test_args_the_handler_cannot_take_fail_the_job_not_the_child(pools, dsn) -> 
         assert record.state == "failed" and record.attempt == 1 and record.crashes == 0, record
         error = record.errors[-1]["error"]
         assert "cannot take args" in error and "add(" in error and "\n" not in error, error
-    # args of the wrong type reach the handler: its own TypeError is an ordinary, retried failure
-    assert failed[3].state in ("retryable", "failed") and "TypeError" in failed[3].errors[0]["error"]
+    # args of the wrong type reach the handler: its own TypeError is an ordinary failure (with a
+    # traceback, retried while attempts remain), not a refusal of the args
+    assert failed[3].state == "failed" and failed[3].errors[0]["error"].startswith("TypeError")
+    assert "cannot take args" not in failed[3].errors[0]["error"] and failed[3].errors[0].get("traceback")
     assert supervisor.poll() is None
 
 
