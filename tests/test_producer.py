@@ -255,3 +255,63 @@ def test_task_defaults_apply_to_plain_jobs(conn, dsn) -> None:
     row = job_row(dsn, override)
     assert (row["queue"], row["priority"], row["max_attempts"]) == ("other", 3, 4)
     assert job_row(dsn, via_task)["queue"] == "tq"
+
+
+def test_bulk_path_matches_insert_job_row_for_row(conn, dsn) -> None:
+    """enqueue_many's rows (awa.insert_jobs, set-based) must be the rows
+    awa.insert_job writes one at a time, whatever the payload holds."""
+    BULK = 64
+
+    nasty = {"tab": "a\tb", "newline": "x\ny", "backslash": "c:\\dir\\", "quote": 'say "hi"',
+             "unicode": "ünï ✓ \U0001F600", "empty": "", "nested": {"l": [1, None, "\\N"]}}
+    past = datetime.now(timezone.utc) - timedelta(minutes=5)
+    future = datetime.now(timezone.utc) + timedelta(hours=1)
+    variants = [
+        lambda i: Job("copy", dict(nasty, i=i), queue="q", priority=1 + i % 4, max_attempts=3,
+                      timeout=2.5, tags=["t\t1", 'q"2', "\\3"], metadata={"m\n": "v\t"},
+                      ordering_key=f"key\t{i}"),
+        lambda i: Job("copy", {"i": i}, delay=120),
+        lambda i: Job("copy", {"i": i}, run_at=past),
+        lambda i: Job("copy", {"i": i}, run_at=future),
+        lambda i: Job("copy", {"i": i}, unique=Unique()),
+    ]
+    jobs = [variants[i % len(variants)](i) for i in range(BULK * 5)]
+    ids = enqueue_many(conn, jobs)
+    conn.commit()
+    assert len(set(ids)) == len(jobs)
+    columns = ("kind", "queue", "args", "state", "priority", "max_attempts", "timeout_s", "tags",
+               "metadata", "lane", "ordering_key", "attempt", "lease", "batch_id")
+    for job, job_id in zip(jobs[:len(variants) * 3], ids):
+        copied = job_row(dsn, job_id)
+        with conn.cursor() as cur:
+            cur.execute("DELETE FROM awa.unique_keys")
+        raw_id = enqueue(conn, job)  # one at a time: through awa.insert_job
+        conn.commit()
+        single = job_row(dsn, raw_id)
+        for column in columns:
+            assert copied[column] == single[column], (column, copied[column], single[column])
+        assert copied["args"]["i"] == job.args["i"]
+        if job.run_at is not None:
+            assert abs((copied["run_at"] - job.run_at).total_seconds()) < 0.001
+        elif job.delay:
+            waited = (copied["run_at"] - copied["created_at"]).total_seconds()
+            assert 119.5 < waited < 121
+
+
+def test_bulk_path_respects_sharded_queues(conn, dsn) -> None:
+    from awa_pool import set_queue_shards
+
+    BULK = 64
+
+    set_queue_shards(conn, "sharded", 4)
+    jobs = [Job("s", {"i": i}, queue="sharded", ordering_key=f"k{i % 8}") for i in range(BULK)]
+    jobs += [Job("p", {"i": i}, queue="plain") for i in range(BULK)]
+    ids = enqueue_many(conn, jobs)
+    conn.commit()
+    lanes = dict(query(dsn, "SELECT ordering_key, count(DISTINCT lane) FROM awa.jobs "
+                            "WHERE queue = 'sharded' GROUP BY 1"))
+    assert lanes == {f"k{k}": 1 for k in range(8)}  # one lane per key
+    assert scalar(dsn, "SELECT count(DISTINCT lane) FROM awa.jobs WHERE queue = 'sharded'") > 1
+    assert scalar(dsn, "SELECT max(lane) FROM awa.jobs WHERE queue = 'plain'") == 0
+    rows = dict(query(dsn, "SELECT id, (args->>'i')::int FROM awa.jobs"))
+    assert [rows[i] for i in ids] == [i for i in range(BULK)] * 2
