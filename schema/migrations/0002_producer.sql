@@ -145,7 +145,7 @@ END $$;
 -- absent keys take the defaults. Returns (ord, id) pairs,
 -- ord being the 1-based input position. Jobs without unique options go in
 -- with two set-based statements; unique jobs go through insert_job one by one.
-CREATE FUNCTION awa.insert_jobs(p_jobs jsonb)
+CREATE FUNCTION awa.insert_jobs(p_jobs json)
 RETURNS TABLE (ord bigint, id bigint)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
@@ -157,7 +157,7 @@ BEGIN
         SELECT x.*, nextval('awa.job_id_seq') AS new_id,
                coalesce(x.run_at, now() + make_interval(secs => x.delay_s), now()) AS eff_run_at,
                awa.lane_of(q.shards, x.ordering_key) AS new_lane
-          FROM ROWS FROM (jsonb_to_recordset(p_jobs) AS (
+          FROM ROWS FROM (json_to_recordset(p_jobs) AS (
                    kind text, args jsonb, queue text, priority integer,
                    run_at timestamptz, max_attempts integer, timeout_s double precision,
                    tags text[], metadata jsonb, unique_opts jsonb, ordering_key text,
@@ -192,7 +192,7 @@ BEGIN
 
     FOR u IN
         SELECT x.*
-          FROM ROWS FROM (jsonb_to_recordset(p_jobs) AS (
+          FROM ROWS FROM (json_to_recordset(p_jobs) AS (
                    kind text, args jsonb, queue text, priority integer,
                    run_at timestamptz, max_attempts integer, timeout_s double precision,
                    tags text[], metadata jsonb, unique_opts jsonb, ordering_key text,

@@ -10,7 +10,7 @@ SELECT awa.insert_job(%(kind)s, %(args)s::jsonb, %(queue)s, %(priority)s,
 
 -- name: insert_jobs
 -- Many jobs in one round trip; returns (input position, id).
-SELECT ord, id FROM awa.insert_jobs(%(jobs)s::jsonb)
+SELECT ord, id FROM awa.insert_jobs(%(jobs)s::json)
 
 -- name: insert_batch
 INSERT INTO awa.batches (total, remaining) VALUES (%(total)s, %(total)s) RETURNING id
