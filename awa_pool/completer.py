@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 import psycopg2
 
-from .db import connect, first_line, is_connection_error
+from .db import close_quietly, connect, first_line, is_connection_error, socket_of
 from .errors import AwaError
 from .protocol import Outcome
 from .sql import QUERIES
@@ -244,11 +244,7 @@ class BackgroundCompleter:
             return ({o.job_id for o in self.buffer.completed + self.buffer.others} | set(self.in_flight))
 
     def fileno(self) -> Optional[int]:
-        conn = self.conn
-        try:
-            return conn.fileno() if conn is not None and not conn.closed else None
-        except psycopg2.Error:
-            return None
+        return socket_of(self.conn)
 
     def drain(self, timeout: float) -> bool:
         """Block until everything pending is written (True) or timeout (False)."""
@@ -269,12 +265,8 @@ class BackgroundCompleter:
         self.wakeup.set()
         if self.thread is not None:
             self.thread.join(timeout)
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except psycopg2.Error:
-                pass
-            self.conn = None
+        close_quietly(self.conn)
+        self.conn = None
 
     def _run(self) -> None:
         while not self.stopping:
@@ -322,11 +314,7 @@ class BackgroundCompleter:
             if self.failures == 1:
                 log.warning("writing outcomes failed (%s); retrying with backoff, nothing is dropped",
                             first_line(exc))
-            if self.conn is not None:
-                try:
-                    self.conn.close()
-                except psycopg2.Error:
-                    pass
+            close_quietly(self.conn)
             self.conn = None
             with self.lock:
                 self.buffer = _merge(batch, self.buffer)

@@ -123,6 +123,23 @@ def connect(url: str, *, autocommit: bool = False, retry_for: float = 0.0,
     raise DatabaseUnavailable(f"cannot connect to {describe(url)}")
 
 
+def close_quietly(conn: Any) -> None:
+    """Close a connection that may already be broken; never raises."""
+    if conn is not None:
+        try:
+            conn.close()
+        except psycopg2.Error:
+            pass
+
+
+def socket_of(conn: Any) -> Optional[int]:
+    """The connection's socket fd, or None if it is closed or broken."""
+    try:
+        return conn.fileno() if conn is not None and not conn.closed else None
+    except psycopg2.Error:
+        return None
+
+
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return redact(text.splitlines()[0] if text else type(exc).__name__)

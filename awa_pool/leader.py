@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import psycopg2
 import psycopg2.extensions
 
-from .db import LOCK_CLASS, LOCK_LEADER, connect, first_line
+from .db import LOCK_CLASS, LOCK_LEADER, close_quietly, connect, first_line
 from .errors import DatabaseUnavailable
 from .maintenance import Maintenance
 from .sql import QUERIES
@@ -67,11 +67,7 @@ class Leader:
                 self.on_change(value)
 
     def _drop_connection(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()  # ends the session: the advisory lock is released
-            except psycopg2.Error:
-                pass
+        close_quietly(self.conn)  # ends the session: the advisory lock is released
         self.conn = None
         self._set_leader(False)
 

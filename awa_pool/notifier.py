@@ -10,7 +10,7 @@ from typing import List, Optional, Set, Tuple
 import psycopg2
 import psycopg2.extensions
 
-from .db import connect
+from .db import close_quietly, connect
 from .sql import QUERIES
 
 log = logging.getLogger(__name__)
@@ -60,9 +60,5 @@ class Notifier:
         return queues, cancels
 
     def close(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except psycopg2.Error:
-                pass
+        close_quietly(self.conn)
         self.conn = None

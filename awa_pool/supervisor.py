@@ -30,7 +30,7 @@ from .child import EXIT_HOOK_FAILED
 from .children import ChildHandle, Children
 from .completer import BackgroundCompleter
 from .config import PoolConfig, QueueConfig
-from .db import connect, describe, first_line, is_connection_error
+from .db import close_quietly, connect, describe, first_line, is_connection_error, socket_of
 from .errors import AwaError, ConfigError
 from .leader import Leader
 from .maintenance import Maintenance, default_services
@@ -205,15 +205,8 @@ class Supervisor:
         """(fds a new child must close, database sockets it must neutralize)."""
         close = [fd for fd in (self.wakeup_r, self.wakeup_w) if fd >= 0]
         sockets = []
-        for conn in (self.conn, self.notifier.conn, self.leader.conn if self.leader else None):
-            if conn is not None and not conn.closed:
-                try:
-                    sockets.append(conn.fileno())
-                except psycopg2.Error:
-                    pass
-        completer_fd = self.completer.fileno()
-        if completer_fd is not None:
-            sockets.append(completer_fd)
+        conns = (self.conn, self.notifier.conn, self.leader.conn if self.leader else None, self.completer.conn)
+        sockets = [fd for fd in map(socket_of, conns) if fd is not None]
         return close, sockets
 
     def _watch_notifier(self) -> None:
@@ -405,6 +398,8 @@ class Supervisor:
 
     # -- database ----------------------------------------------------------------
     def _db_required(self, fn: Callable[[Any], Any]) -> Any:
+        """Run fn(cursor) on the main connection; errors propagate (a lost
+        connection also starts reconnecting)."""
         if self.conn is None:
             raise AwaError("the database is unreachable right now")
         try:
@@ -416,16 +411,14 @@ class Supervisor:
             raise
 
     def _db(self, what: str, fn: Callable[[Any], Any]) -> Any:
-        """Run fn(cursor); on a lost connection start reconnecting and return None."""
-        if self.conn is None:
-            return None
+        """Run fn(cursor); on any database error log it (or start
+        reconnecting) and return None."""
         try:
-            with self.conn.cursor() as cur:
-                return fn(cur)
+            return self._db_required(fn)
+        except AwaError:
+            return None
         except psycopg2.Error as exc:
-            if is_connection_error(exc) or self.conn.closed:
-                self._lost_db(exc)
-            else:
+            if self.conn is not None:
                 log.error("%s failed: %s", what, first_line(exc))
             return None
 
@@ -436,12 +429,7 @@ class Supervisor:
                         "keep running", first_line(exc))
             self._count("db_disconnects")
             self._event("db_lost", {"error": first_line(exc)})
-        for conn in (self.conn,):
-            if conn is not None:
-                try:
-                    conn.close()
-                except psycopg2.Error:
-                    pass
+        close_quietly(self.conn)
         self.conn = None
         self._unwatch_notifier()
         self.notifier.close()
@@ -789,11 +777,7 @@ class Supervisor:
             except ProcessLookupError:
                 pass
         self.notifier.close()
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except psycopg2.Error:
-                pass
+        close_quietly(self.conn)
         if self.wakeup_w >= 0:
             try:
                 signal.set_wakeup_fd(-1)

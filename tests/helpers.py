@@ -93,3 +93,27 @@ def exec_records(log_dir) -> list:
                     records.append((parts[0], int(parts[1]), int(parts[2]), float(parts[3]),
                                     parts[4] if len(parts) > 4 else ""))
     return sorted(records, key=lambda r: r[3])
+
+
+def enqueue_jobs(dsn: str, jobs) -> list:
+    """Enqueue jobs in one committed transaction; their ids in order."""
+    import awa_pool
+
+    conn = psycopg2.connect(dsn)
+    try:
+        ids = awa_pool.enqueue_many(conn, list(jobs))
+        conn.commit()
+        return ids
+    finally:
+        conn.close()
+
+
+def record(dsn: str, job_id: int):
+    """awa_pool.get_job on a fresh connection."""
+    import awa_pool
+
+    conn = psycopg2.connect(dsn)
+    try:
+        return awa_pool.get_job(conn, job_id)
+    finally:
+        conn.close()

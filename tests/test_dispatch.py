@@ -8,10 +8,10 @@ from datetime import datetime, timedelta, timezone
 import psycopg2
 import pytest
 
-from awa_pool import Job, enqueue_many, pause_queue, resume_queue
+from awa_pool import Job, pause_queue, resume_queue
 from awa_pool.config import QueueConfig
 from awa_pool.dispatcher import entitlements, plan
-from helpers import count_lines, exec_records, query, states, wait_for
+from helpers import enqueue_jobs, count_lines, exec_records, query, states, wait_for
 
 
 def q(**kwargs):
@@ -54,19 +54,9 @@ def test_plan_skips_blocked_and_idle_queues():
     assert plan(0, 4, configs, {}, ["a"]) == {}
 
 
-def _enqueue(dsn, jobs):
-    conn = psycopg2.connect(dsn)
-    try:
-        ids = enqueue_many(conn, list(jobs))
-        conn.commit()
-        return ids
-    finally:
-        conn.close()
-
-
 @pytest.mark.xdist_group("cpu")
 def test_weighted_queues_share_children_three_to_one(dsn, pools):
-    _enqueue(dsn, [Job("queue_a", {"ms": 100}, queue="a") for _ in range(400)] +
+    enqueue_jobs(dsn, [Job("queue_a", {"ms": 100}, queue="a") for _ in range(400)] +
              [Job("queue_b", {"ms": 100}, queue="b") for _ in range(400)])
     pools.start("--queue", "a=3", "--queue", "b=1", workers=8)
     wait_for(lambda: count_lines(pools.log_dir, "queue_a") + count_lines(pools.log_dir, "queue_b") >= 160,
@@ -81,8 +71,8 @@ def test_paused_queue_runs_nothing_until_resumed(dsn, pools):
     pause_queue(conn, "a")
     conn.commit()
     conn.close()
-    a_ids = _enqueue(dsn, [Job("queue_a", queue="a") for _ in range(5)])
-    _enqueue(dsn, [Job("queue_b", queue="b") for _ in range(5)])
+    a_ids = enqueue_jobs(dsn, [Job("queue_a", queue="a") for _ in range(5)])
+    enqueue_jobs(dsn, [Job("queue_b", queue="b") for _ in range(5)])
     pools.start(workers=2)
     wait_for(lambda: count_lines(pools.log_dir, "queue_b") == 5, timeout=20, message="queue b drained")
     # several poll rounds go by: the paused queue stays untouched
@@ -103,7 +93,7 @@ def test_priority_order_within_a_queue(dsn, pools):
     jobs = []
     for i in range(40):
         jobs.append(Job("noop", {"i": i}, priority=4 - (i % 4)))
-    ids = _enqueue(dsn, jobs)
+    ids = enqueue_jobs(dsn, jobs)
     pools.start("--queue", "default", workers=1)
     wait_for(lambda: states(dsn) == {"completed": 40}, timeout=30, message="40 jobs completed")
     order = [r[1] for r in exec_records(pools.log_dir) if r[0] == "noop"]
@@ -115,8 +105,8 @@ def test_priority_order_within_a_queue(dsn, pools):
 @pytest.mark.parametrize("aging,old_first", [("1", True), ("0", False)])
 def test_priority_aging(dsn, pools, aging, old_first):
     long_ago = datetime.now(timezone.utc) - timedelta(seconds=30)
-    old = _enqueue(dsn, [Job("noop", {"old": True}, priority=4, run_at=long_ago)])[0]
-    fresh = _enqueue(dsn, [Job("noop", {"i": i}, priority=1) for i in range(5)])
+    old = enqueue_jobs(dsn, [Job("noop", {"old": True}, priority=4, run_at=long_ago)])[0]
+    fresh = enqueue_jobs(dsn, [Job("noop", {"i": i}, priority=1) for i in range(5)])
     pools.start("--queue", f"default,aging={aging}", workers=1)
     wait_for(lambda: states(dsn) == {"completed": 6}, timeout=30, message="6 jobs completed")
     order = [r[1] for r in exec_records(pools.log_dir) if r[0] == "noop"]
@@ -127,7 +117,7 @@ def test_priority_aging(dsn, pools, aging, old_first):
 
 
 def test_rate_limit_holds_across_supervisors(dsn, pools):
-    _enqueue(dsn, [Job("noop") for _ in range(60)])
+    enqueue_jobs(dsn, [Job("noop") for _ in range(60)])
     pools.start("--queue", "default,rate=10/s", workers=2)
     pools.start("--queue", "default,rate=10/s", workers=2)
     wait_for(lambda: count_lines(pools.log_dir, "noop") >= 30, timeout=30, message="30 jobs ran")
@@ -140,11 +130,11 @@ def test_rate_limit_holds_across_supervisors(dsn, pools):
 def test_jobs_queued_behind_a_long_job_are_taken_back(dsn, pools):
     """Short jobs travel to children in batches; one that runs long must not
     hold the jobs queued behind it in its child's batch."""
-    _enqueue(dsn, [Job("noop", {"warm": i}) for i in range(300)])
+    enqueue_jobs(dsn, [Job("noop", {"warm": i}) for i in range(300)])
     pools.start("--queue", "default", workers=2)
     wait_for(lambda: states(dsn) == {"completed": 300}, timeout=30, message="warm-up jobs")
     # one transaction: the slow job is claimed in the same batch as quick ones
-    ids = _enqueue(dsn, [Job("sleep", {"seconds": 3})] + [Job("noop", {"i": i}) for i in range(60)])
+    ids = enqueue_jobs(dsn, [Job("sleep", {"seconds": 3})] + [Job("noop", {"i": i}) for i in range(60)])
     slow, quick = ids[0], ids[1:]
     wait_for(lambda: states(dsn) == {"completed": 361}, timeout=30,
              message="the slow job and the quick jobs queued behind it")

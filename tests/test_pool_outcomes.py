@@ -5,29 +5,17 @@ import psycopg2
 import pytest
 
 import awa_pool
-from awa_pool import Job, enqueue, get_job
-from helpers import count_lines, exec_records, states, wait_for
+from awa_pool import Job
+from helpers import enqueue_jobs, record, count_lines, exec_records, states, wait_for
 
 pytestmark = pytest.mark.embedded_smoke
 
 
 def _enqueue(dsn, *jobs):
-    conn = psycopg2.connect(dsn)
-    try:
-        ids = [enqueue(conn, job) for job in jobs]
-        conn.commit()
-        return ids
-    finally:
-        conn.close()
+    return enqueue_jobs(dsn, jobs)
 
 
-def _record(dsn, job_id):
-    conn = psycopg2.connect(dsn)
-    try:
-        return get_job(conn, job_id)
-    finally:
-        conn.close()
-
+_record = record
 
 def _wait_state(dsn, job_id, state, timeout=30.0):
     return wait_for(lambda: (r := _record(dsn, job_id)) is not None and r.state == state and r,

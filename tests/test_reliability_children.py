@@ -6,30 +6,17 @@ import os
 import signal
 import time
 
-import psycopg2
 import pytest
 
-from awa_pool import Job, enqueue, enqueue_many, get_job
-from helpers import count_lines, exec_records, query, states, wait_for
+from awa_pool import Job
+from helpers import enqueue_jobs, record, count_lines, exec_records, query, states, wait_for
 
 
 def _enqueue(dsn, *jobs):
-    conn = psycopg2.connect(dsn)
-    try:
-        ids = enqueue_many(conn, list(jobs))
-        conn.commit()
-        return ids
-    finally:
-        conn.close()
+    return enqueue_jobs(dsn, jobs)
 
 
-def _record(dsn, job_id):
-    conn = psycopg2.connect(dsn)
-    try:
-        return get_job(conn, job_id)
-    finally:
-        conn.close()
-
+_record = record
 
 def _wait(dsn, job_id, predicate, message, timeout=30.0):
     return wait_for(lambda: (r := _record(dsn, job_id)) is not None and predicate(r) and r,

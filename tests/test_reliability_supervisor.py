@@ -3,7 +3,6 @@ its database connections are terminated mid-run, several supervisors share
 one queue. No job may be lost or left running."""
 from __future__ import annotations
 
-import os
 import signal
 import time
 
@@ -11,21 +10,11 @@ import psycopg2
 import pytest
 
 from awa_pool import Job, enqueue_many, get_job
-from helpers import count_lines, exec_records, query, scalar, states, wait_for
-
-
-def _enqueue(dsn, jobs):
-    conn = psycopg2.connect(dsn)
-    try:
-        ids = enqueue_many(conn, list(jobs))
-        conn.commit()
-        return ids
-    finally:
-        conn.close()
+from helpers import enqueue_jobs, count_lines, exec_records, query, scalar, states, wait_for
 
 
 def test_sigterm_drains_running_jobs_and_exits_zero(dsn, pools):
-    ids = _enqueue(dsn, [Job("sleep", {"seconds": 1.5}) for _ in range(2)] +
+    ids = enqueue_jobs(dsn, [Job("sleep", {"seconds": 1.5}) for _ in range(2)] +
                    [Job("noop", delay=3600)])
     supervisor = pools.start("--shutdown-timeout", "20", workers=2)
     wait_for(lambda: count_lines(pools.log_dir, "sleep_start") == 2, timeout=20, message="2 jobs running")
@@ -46,7 +35,7 @@ def test_sigterm_drains_running_jobs_and_exits_zero(dsn, pools):
 
 
 def test_shutdown_timeout_puts_unfinished_jobs_back(dsn, pools):
-    ids = _enqueue(dsn, [Job("sleep", {"seconds": 60}) for _ in range(2)])
+    ids = enqueue_jobs(dsn, [Job("sleep", {"seconds": 60}) for _ in range(2)])
     supervisor = pools.start("--shutdown-timeout", "1", workers=2)
     wait_for(lambda: count_lines(pools.log_dir, "sleep_start") == 2, timeout=20, message="2 jobs running")
     started = time.monotonic()
@@ -65,7 +54,7 @@ def test_shutdown_timeout_puts_unfinished_jobs_back(dsn, pools):
 
 
 def test_second_signal_stops_at_once_without_losing_jobs(dsn, pools):
-    ids = _enqueue(dsn, [Job("sleep", {"seconds": 60}) for _ in range(2)])
+    ids = enqueue_jobs(dsn, [Job("sleep", {"seconds": 60}) for _ in range(2)])
     supervisor = pools.start("--shutdown-timeout", "60", workers=2)
     wait_for(lambda: count_lines(pools.log_dir, "sleep_start") == 2, timeout=20, message="2 jobs running")
     supervisor.send_signal(signal.SIGTERM)
@@ -80,7 +69,7 @@ def test_second_signal_stops_at_once_without_losing_jobs(dsn, pools):
 
 
 def test_killed_database_connections_lose_no_job(dsn, pools):
-    ids = _enqueue(dsn, [Job("sleep", {"seconds": 0.05}) for _ in range(300)])
+    ids = enqueue_jobs(dsn, [Job("sleep", {"seconds": 0.05}) for _ in range(300)])
     supervisor = pools.start(workers=2)
     wait_for(lambda: count_lines(pools.log_dir, "sleep") >= 30, timeout=30, message="the pool to get going")
     killed = 0
@@ -102,7 +91,7 @@ def test_killed_database_connections_lose_no_job(dsn, pools):
 
 def test_three_supervisors_run_each_job_exactly_once(dsn, pools):
     total = 5000
-    _enqueue(dsn, [Job("noop", {"i": i}) for i in range(total)])
+    enqueue_jobs(dsn, [Job("noop", {"i": i}) for i in range(total)])
     for _ in range(3):
         pools.start(workers=2)
     wait_for(lambda: states(dsn) == {"completed": total}, timeout=120,

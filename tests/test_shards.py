@@ -8,22 +8,12 @@ import sys
 import psycopg2
 import pytest
 
-from awa_pool import Job, enqueue_many, set_queue_shards
-from helpers import query, scalar, states, wait_for
+from awa_pool import Job, set_queue_shards
+from helpers import enqueue_jobs, query, scalar, states, wait_for
 
 
 def _conn(dsn):
     return psycopg2.connect(dsn)
-
-
-def _enqueue(dsn, jobs):
-    conn = _conn(dsn)
-    try:
-        ids = enqueue_many(conn, list(jobs))
-        conn.commit()
-        return ids
-    finally:
-        conn.close()
 
 
 def _shard(dsn, queue, shards):
@@ -38,24 +28,24 @@ def _shard(dsn, queue, shards):
 
 def test_keys_pin_lanes_and_unkeyed_jobs_spread(dsn):
     _shard(dsn, "hot", 4)
-    _enqueue(dsn, [Job("noop", {"k": k, "i": i}, queue="hot", ordering_key=f"customer-{k}")
+    enqueue_jobs(dsn, [Job("noop", {"k": k, "i": i}, queue="hot", ordering_key=f"customer-{k}")
                    for i in range(5) for k in range(12)])
     lanes_per_key = query(dsn, "SELECT ordering_key, count(DISTINCT lane) FROM awa.jobs GROUP BY 1")
     assert all(count == 1 for _, count in lanes_per_key)
     assert scalar(dsn, "SELECT count(DISTINCT lane) FROM awa.jobs") > 1
-    _enqueue(dsn, [Job("noop", {"free": i}, queue="hot") for i in range(200)])
+    enqueue_jobs(dsn, [Job("noop", {"free": i}, queue="hot") for i in range(200)])
     used = scalar(dsn, "SELECT count(DISTINCT lane) FROM awa.jobs WHERE ordering_key IS NULL")
     assert used == 4, "jobs without a key spread over every lane"
 
 
 def test_one_shard_ignores_the_key(dsn):
-    _enqueue(dsn, [Job("noop", queue="plain", ordering_key=f"k{i}") for i in range(20)])
+    enqueue_jobs(dsn, [Job("noop", queue="plain", ordering_key=f"k{i}") for i in range(20)])
     assert query(dsn, "SELECT DISTINCT lane FROM awa.jobs") == [(0,)]
 
 
 def test_changing_shards_moves_waiting_jobs_and_strands_none(dsn, pools):
     _shard(dsn, "hot", 8)
-    ids = _enqueue(dsn, [Job("noop", {"i": i}, queue="hot", ordering_key=f"k{i % 5}") for i in range(40)])
+    ids = enqueue_jobs(dsn, [Job("noop", {"i": i}, queue="hot", ordering_key=f"k{i % 5}") for i in range(40)])
     assert scalar(dsn, "SELECT max(lane) FROM awa.jobs") > 0
     assert _shard(dsn, "hot", 1) == 40
     assert query(dsn, "SELECT DISTINCT lane FROM awa.jobs") == [(0,)]
@@ -85,7 +75,7 @@ def test_jobs_sharing_a_key_are_claimed_in_enqueue_order_by_four_supervisors(dsn
         pools.start("--queue", "hot", workers=2)
     wait_for(lambda: scalar(dsn, "SELECT count(*) FROM awa.supervisors WHERE stopped_at IS NULL") == 4,
              timeout=30, message="4 supervisors up")
-    _enqueue(dsn, [Job("sleep", {"seconds": 0.002}, queue="hot", ordering_key=f"order-{k}")
+    enqueue_jobs(dsn, [Job("sleep", {"seconds": 0.002}, queue="hot", ordering_key=f"order-{k}")
                    for i in range(per_key) for k in range(keys)])
     total = keys * per_key
     wait_for(lambda: states(dsn) == {"completed": total}, timeout=60, message=f"{total} keyed jobs")
@@ -101,7 +91,7 @@ def test_jobs_sharing_a_key_are_claimed_in_enqueue_order_by_four_supervisors(dsn
 
 
 def test_cli_sets_shards(dsn):
-    _enqueue(dsn, [Job("noop", queue="hot", ordering_key="a")])
+    enqueue_jobs(dsn, [Job("noop", queue="hot", ordering_key="a")])
     result = subprocess.run([sys.executable, "-m", "awa_pool", "queues", "set", "hot", "--shards", "4",
                              "--database-url", dsn], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -294,6 +294,32 @@ BEGIN
     RETURN j;
 END $$;
 
+-- End one running attempt: take the job out of the hot table if it still
+-- runs under p_lease, apply the outcome and store it where its new state
+-- belongs. Returns the new state, or NULL when the lease is stale (the job
+-- was rescued, cancelled or finished meanwhile): then nothing changes.
+CREATE FUNCTION awa.finish_attempt(
+    p_id bigint, p_lease bigint, p_outcome text, p_error text DEFAULT NULL,
+    p_traceback text DEFAULT NULL, p_delay_s double precision DEFAULT NULL,
+    p_result jsonb DEFAULT NULL, p_wall real DEFAULT NULL, p_cpu real DEFAULT NULL,
+    p_rss bigint DEFAULT NULL, p_progress jsonb DEFAULT NULL, p_max_crashes integer DEFAULT 3)
+RETURNS awa.job_state
+LANGUAGE plpgsql AS $$
+DECLARE
+    j awa.jobs_hot;
+BEGIN
+    DELETE FROM awa.jobs_hot h
+     WHERE h.id = p_id AND h.lease = p_lease AND h.state = 'running'
+    RETURNING h.* INTO j;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    j := awa.apply_outcome(j, p_outcome, p_error, p_traceback, p_delay_s, p_result,
+                           p_wall, p_cpu, p_rss, p_progress, p_max_crashes);
+    PERFORM awa.put_job(j);
+    RETURN j.state;
+END $$;
+
 -- Every outcome other than plain success, one row at a time (failures are
 -- the rare path). p_outcomes: JSON array of {id, lease, outcome, error,
 -- traceback, delay_s, result, wall_s, cpu_s, peak_rss, progress}.
@@ -302,7 +328,6 @@ RETURNS TABLE (job_id bigint, new_state awa.job_state)
 LANGUAGE plpgsql AS $$
 DECLARE
     o record;
-    j awa.jobs_hot;
 BEGIN
     FOR o IN
         SELECT * FROM jsonb_to_recordset(p_outcomes) AS x(
@@ -310,15 +335,11 @@ BEGIN
             delay_s double precision, result jsonb, wall_s real, cpu_s real,
             peak_rss bigint, progress jsonb)
     LOOP
-        DELETE FROM awa.jobs_hot h
-         WHERE h.id = o.id AND h.lease = o.lease AND h.state = 'running'
-        RETURNING h.* INTO j;
-        CONTINUE WHEN NOT FOUND;
-        j := awa.apply_outcome(j, o.outcome, o.error, o.traceback, o.delay_s, o.result,
-                               o.wall_s, o.cpu_s, o.peak_rss, o.progress, p_max_crashes);
-        PERFORM awa.put_job(j);
-        job_id := j.id;
-        new_state := j.state;
+        new_state := awa.finish_attempt(o.id, o.lease, o.outcome, o.error, o.traceback, o.delay_s,
+                                        o.result, o.wall_s, o.cpu_s, o.peak_rss, o.progress,
+                                        p_max_crashes);
+        CONTINUE WHEN new_state IS NULL;
+        job_id := o.id;
         RETURN NEXT;
     END LOOP;
 END $$;

@@ -10,7 +10,6 @@ RETURNS TABLE (job_id bigint, new_state awa.job_state)
 LANGUAGE plpgsql AS $$
 DECLARE
     r record;
-    j awa.jobs_hot;
 BEGIN
     FOR r IN
         SELECT h.id, h.lease, s.id AS owner, s.stopped_at
@@ -22,17 +21,13 @@ BEGIN
          LIMIT p_limit
          FOR UPDATE OF h SKIP LOCKED
     LOOP
-        DELETE FROM awa.jobs_hot h WHERE h.id = r.id AND h.lease = r.lease AND h.state = 'running'
-        RETURNING h.* INTO j;
-        CONTINUE WHEN NOT FOUND;
-        j := awa.apply_outcome(j, 'lost', CASE
+        new_state := awa.finish_attempt(r.id, r.lease, 'lost', CASE
             WHEN r.owner IS NULL THEN 'supervisor lost: its registration is gone'
             WHEN r.stopped_at IS NOT NULL THEN 'supervisor lost: it stopped without settling the job'
             ELSE format('supervisor lost: no heartbeat for over %s s (killed, partitioned or wedged)', p_stale_s)
         END);
-        PERFORM awa.put_job(j);
-        job_id := j.id;
-        new_state := j.state;
+        CONTINUE WHEN new_state IS NULL;
+        job_id := r.id;
         RETURN NEXT;
     END LOOP;
 END $$;
@@ -44,7 +39,6 @@ RETURNS TABLE (job_id bigint, new_state awa.job_state)
 LANGUAGE plpgsql AS $$
 DECLARE
     r record;
-    j awa.jobs_hot;
 BEGIN
     FOR r IN
         SELECT h.id, h.lease FROM awa.jobs_hot h
@@ -52,14 +46,10 @@ BEGIN
          LIMIT p_limit
          FOR UPDATE SKIP LOCKED
     LOOP
-        DELETE FROM awa.jobs_hot h WHERE h.id = r.id AND h.lease = r.lease AND h.state = 'running'
-        RETURNING h.* INTO j;
-        CONTINUE WHEN NOT FOUND;
-        j := awa.apply_outcome(j, 'deadline', format(
+        new_state := awa.finish_attempt(r.id, r.lease, 'deadline', format(
             'deadline exceeded by over %s s: its supervisor did not stop the job', p_grace_s));
-        PERFORM awa.put_job(j);
-        job_id := j.id;
-        new_state := j.state;
+        CONTINUE WHEN new_state IS NULL;
+        job_id := r.id;
         RETURN NEXT;
     END LOOP;
 END $$;
