@@ -14,6 +14,7 @@ import time
 from typing import Callable, Optional
 
 import psycopg2
+import psycopg2.errors
 import psycopg2.extensions
 
 from .db import LOCK_CLASS, LOCK_LEADER, close_quietly, connect, first_line
@@ -24,11 +25,12 @@ from .sql import QUERIES
 log = logging.getLogger(__name__)
 
 CAMPAIGN_INTERVAL_S = 0.5
+DEPOSE_CHECK_S = 2.0   # how often a follower checks whether the leader froze
 
 
 class Leader:
     def __init__(self, url: str, supervisor_id: int, maintenance: Maintenance,
-                 on_change: Optional[Callable[[bool], None]] = None) -> None:
+                 on_change: Optional[Callable[[bool], None]] = None, stale_after_s: float = 10.0) -> None:
         self.url = url
         self.supervisor_id = supervisor_id
         self.maintenance = maintenance
@@ -38,6 +40,8 @@ class Leader:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.changes = 0
+        self.stale_after_s = stale_after_s
+        self.next_depose_check = 0.0
 
     @property
     def is_leader(self) -> bool:
@@ -85,6 +89,20 @@ class Leader:
                 wait = 1.0
             self._stop.wait(max(0.01, wait))
 
+    def _depose_if_frozen(self, cur) -> None:
+        now = time.monotonic()
+        if now < self.next_depose_check:
+            return
+        self.next_depose_check = now + DEPOSE_CHECK_S
+        try:
+            cur.execute(QUERIES["depose_frozen_leader"], {"class": LOCK_CLASS, "key": LOCK_LEADER,
+                                                          "stale_s": self.stale_after_s})
+            if any(row[0] for row in cur.fetchall()):
+                log.warning("ended the session of a leader whose supervisor stopped heartbeating "
+                            "(frozen?); taking over leadership")
+        except psycopg2.errors.InsufficientPrivilege as exc:
+            log.warning("cannot end a frozen leader's session: %s", first_line(exc))
+
     def step(self) -> float:
         """One pass: connect, campaign or run due maintenance. Returns how long
         to wait before the next pass."""
@@ -96,6 +114,7 @@ class Leader:
             if not self._is_leader:
                 cur.execute(QUERIES["try_leader_lock"], {"class": LOCK_CLASS, "key": LOCK_LEADER})
                 if not cur.fetchone()[0]:
+                    self._depose_if_frozen(cur)
                     return CAMPAIGN_INTERVAL_S
                 cur.execute(QUERIES["mark_leader"], {"id": self.supervisor_id})
                 self.maintenance.reset()

@@ -22,10 +22,17 @@ FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 
 
+# Control characters (a queue or kind name may hold any) would let data
+# forge or split log lines: they are written as escapes.
+_CONTROL = {code: f"\\x{code:02x}" for code in list(range(0x20)) + [0x7f] if code != 0x0a}
+
+
 class RedactingFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        cleaned = redact(message)
+        cleaned = redact(message).translate(_CONTROL)
+        if record.exc_info is None and "\n" in cleaned:
+            cleaned = cleaned.replace("\n", "\\n")  # one event, one line
         if cleaned != message:
             record.msg, record.args = cleaned, ()
         return True

@@ -145,7 +145,8 @@ class Supervisor:
             services = default_services(heartbeat_staleness=self.config.heartbeat_staleness,
                                         retention_completed=self.config.retention_completed,
                                         retention_failed=self.config.retention_failed)
-            self.leader = Leader(self.config.dsn, self.supervisor_id, Maintenance(services))
+            self.leader = Leader(self.config.dsn, self.supervisor_id, Maintenance(services),
+                                 stale_after_s=self.config.heartbeat_staleness)
             self.leader.start()
         self.state = RUNNING
         log.info("supervisor %d started: %d children, queues %s, database %s", self.supervisor_id,

@@ -385,3 +385,18 @@ def test_a_forged_cancel_notification_does_not_touch_a_running_job(pools, dsn) -
         with admin.cursor() as cur:
             cur.execute(pgsql.SQL("DROP ROLE IF EXISTS {}").format(pgsql.Identifier(role)))
         admin.close()
+
+
+def test_log_lines_cannot_be_forged_by_names() -> None:
+    """A queue or kind name carrying newlines or terminal escapes is logged
+    as escapes: one event stays one line."""
+    import logging
+
+    from awa_pool.logs import RedactingFilter
+
+    record = logging.LogRecord("awa_pool.x", logging.INFO, __file__, 1, "queue %s drained",
+                               ("evil\nERROR fake line\x1b[31m\r",), None)
+    assert RedactingFilter().filter(record)
+    message = record.getMessage()
+    assert "\n" not in message and "\x1b" not in message and "\r" not in message
+    assert message == "queue evil\\nERROR fake line\\x1b[31m\\x0d drained"

@@ -257,3 +257,39 @@ def test_leader_session_detects_a_vanished_host_quickly(dsn) -> None:
         assert idle == "5" and user_timeout == "10000"
     finally:
         leader.stop()
+
+
+def test_a_frozen_leader_is_deposed_and_its_jobs_rescued(pools, dsn) -> None:
+    """SIGSTOP the leader while it runs a job: it keeps its session (and the
+    lock), but a follower ends that session once the leader stops
+    heartbeating, takes over, and rescues the frozen supervisor's job."""
+    supervisors = [pools.start(app="apps.basic", workers=1, name=f"sup{i}") for i in range(2)]
+    wait_for(lambda: _leader_pid(dsn) in {p.pid for p in supervisors}, timeout=30, message="a leader")
+    leader = _leader_pid(dsn)
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    try:
+        # a job the leader will hold: pause the follower's queue share by keeping it busy
+        jobs = [awa_pool.enqueue(conn, Job("sleep", {"seconds": 60})) for _ in range(2)]
+    finally:
+        conn.close()
+    wait_for(lambda: len({r[1] for r in exec_records(pools.log_dir) if r[0] == "sleep_start"}) == 2,
+             timeout=30, message="both jobs running, one per supervisor")
+    frozen_job = scalar(dsn, "SELECT j.id FROM awa.jobs j JOIN awa.supervisors s ON s.id = j.supervisor_id "
+                             "WHERE s.pid = %s AND j.state = 'running'", (leader,))
+    os.kill(leader, signal.SIGSTOP)
+    try:
+        frozen_at = time.monotonic()
+        follower = next(p.pid for p in supervisors if p.pid != leader)
+        wait_for(lambda: _leader_pid(dsn) == follower, timeout=30, message="the follower to take over")
+        took_over = time.monotonic() - frozen_at
+        wait_for(lambda: scalar(dsn, "SELECT attempt FROM awa.jobs WHERE id = %s", (frozen_job,)) == 2
+                 or scalar(dsn, "SELECT state::text FROM awa.jobs WHERE id = %s", (frozen_job,)) == "available",
+                 timeout=30, message="the frozen supervisor's job to be rescued")
+        errors = job_row(dsn, frozen_job)["errors"]
+        assert errors and "supervisor lost" in errors[0]["error"]
+        assert took_over < 25, f"leadership moved after {took_over:.1f}s"
+        assert len(_lock_holders(dsn)) == 1
+    finally:
+        os.kill(leader, signal.SIGCONT)
+    assert len(jobs) == 2

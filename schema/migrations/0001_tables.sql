@@ -180,6 +180,7 @@ CREATE TABLE awa.supervisors (
     heartbeat_at  timestamptz NOT NULL DEFAULT now(),
     stopped_at    timestamptz,
     is_leader     boolean NOT NULL DEFAULT false,
+    leader_pid    integer,         -- backend holding the leader lock, while leader
     stats         jsonb NOT NULL DEFAULT '{}'
 );
 CREATE INDEX supervisors_alive ON awa.supervisors (heartbeat_at) WHERE stopped_at IS NULL;

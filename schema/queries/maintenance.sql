@@ -13,8 +13,22 @@ SET tcp_user_timeout = 10000
 SELECT pg_try_advisory_lock(%(class)s, %(key)s)
 
 -- name: mark_leader
-UPDATE awa.supervisors SET is_leader = (id = %(id)s)
+UPDATE awa.supervisors
+   SET is_leader = (id = %(id)s),
+       leader_pid = CASE WHEN id = %(id)s THEN pg_backend_pid() END
  WHERE is_leader OR id = %(id)s
+
+-- name: depose_frozen_leader
+-- A leader frozen (SIGSTOP, a debugger, a paused VM) keeps its session and so
+-- the lock, while rescue, promotion and cron stand still. When the leader's
+-- supervisor has not heartbeated for stale_s, end its leader session: the
+-- lock frees and a live supervisor takes over.
+SELECT pg_terminate_backend(s.leader_pid)
+  FROM awa.supervisors s
+  JOIN pg_locks l ON l.pid = s.leader_pid AND l.locktype = 'advisory' AND l.granted
+                 AND l.classid = %(class)s::oid AND l.objid = %(key)s::oid AND l.objsubid = 2
+ WHERE s.is_leader AND s.stopped_at IS NULL
+   AND s.heartbeat_at < now() - make_interval(secs => %(stale_s)s)
 
 -- name: promote_due
 SELECT awa.promote_due(%(limit)s)
