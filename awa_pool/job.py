@@ -6,6 +6,7 @@ only the standard library (child processes import it).
 from __future__ import annotations
 
 import enum
+import itertools
 import json
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -148,6 +149,8 @@ def check_json(value: Any, what: str) -> str:
         text = _ENCODER.encode(value)
     except RecursionError:
         raise ValueError(f"{what} nests too deeply to be encoded as JSON") from None
+    if text.isascii():
+        return text  # no lone surrogate hides in ASCII
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -222,7 +225,13 @@ class Unique:
 
 
 _UNSET: Any = object()
-_NOTHING_EXPLICIT: FrozenSet[str] = frozenset()
+# Which of queue/priority/max_attempts/timeout a Job set itself, for every
+# combination (a lookup is cheaper than building the set per job).
+_EXPLICIT: Dict[Tuple[bool, ...], FrozenSet[str]] = {
+    flags: frozenset(name for name, given in zip(("queue", "priority", "max_attempts", "timeout"), flags)
+                     if given)
+    for flags in itertools.product((False, True), repeat=4)}
+# The defaults of a field a Job leaves unset (Job.__init__ inlines them).
 JOB_DEFAULTS = {"queue": "default", "priority": 2, "max_attempts": 25, "timeout": None}
 
 
@@ -245,23 +254,19 @@ class Job:
                  unique: Optional[Unique] = None, tags: Iterable[str] = (),
                  metadata: Optional[Mapping[str, Any]] = None,
                  ordering_key: Optional[str] = None) -> None:
-        explicit = _NOTHING_EXPLICIT if (queue is _UNSET and priority is _UNSET and max_attempts is _UNSET
-                                         and timeout is _UNSET) else frozenset(
-            name for name, value in (("queue", queue), ("priority", priority),
-                                     ("max_attempts", max_attempts), ("timeout", timeout))
-            if value is not _UNSET)
+        explicit = _EXPLICIT[(queue is not _UNSET, priority is not _UNSET,
+                              max_attempts is not _UNSET, timeout is not _UNSET)]
         set_ = object.__setattr__
         set_(self, "explicit", explicit)
         set_(self, "kind", check_name(kind, "kind"))
         args_value, args_json = json_object(args, "args")
         set_(self, "args", args_value)
         set_(self, "args_json", args_json)
-        set_(self, "queue", check_name(JOB_DEFAULTS["queue"] if queue is _UNSET else queue, "queue"))
-        set_(self, "priority", check_priority(JOB_DEFAULTS["priority"] if priority is _UNSET else priority))
-        set_(self, "max_attempts", check_max_attempts(
-            JOB_DEFAULTS["max_attempts"] if max_attempts is _UNSET else max_attempts))
-        set_(self, "timeout", to_seconds(None if timeout is _UNSET else timeout, "timeout",
-                                         allow_zero=False))
+        set_(self, "queue", "default" if queue is _UNSET else check_name(queue, "queue"))
+        set_(self, "priority", 2 if priority is _UNSET else check_priority(priority))
+        set_(self, "max_attempts", 25 if max_attempts is _UNSET else check_max_attempts(max_attempts))
+        set_(self, "timeout", None if timeout is _UNSET or timeout is None else to_seconds(
+            timeout, "timeout", allow_zero=False))
         if run_at is not None and delay is not None:
             raise ValueError("run_at and delay are mutually exclusive: give one or the other")
         if run_at is not None:
@@ -270,7 +275,7 @@ class Job:
             if run_at.tzinfo is None or run_at.tzinfo.utcoffset(run_at) is None:
                 raise ValueError("run_at must be timezone-aware (for example datetime.now(timezone.utc))")
         set_(self, "run_at", run_at)
-        set_(self, "delay", to_seconds(delay, "delay"))
+        set_(self, "delay", None if delay is None else to_seconds(delay, "delay"))
         if unique is not None and not isinstance(unique, Unique):
             raise TypeError(f"unique must be an awa_pool.Unique, not {type(unique).__name__}")
         set_(self, "unique", unique)

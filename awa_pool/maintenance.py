@@ -43,7 +43,7 @@ class Service:
 
 class PromoteDue(Service):
     """Scheduled and retryable jobs whose time has come become available
-    (and their queues are woken by the hot table's NOTIFY trigger)."""
+    (and the supervisors of their queues are woken by a NOTIFY)."""
 
     name = "promote"
     interval = 0.25

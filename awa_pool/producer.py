@@ -77,6 +77,11 @@ def _many_entry(job: Job, batch_id: Optional[int]) -> str:
     return "".join(parts)
 
 
+def _ready_and_plain(job: Job) -> bool:
+    """Ready now, with no unique key: the bulk fast path can insert it."""
+    return job.unique is None and job.run_at is None and not job.delay
+
+
 def enqueue(conn: Any, job: Job) -> int:
     """Insert one job in the connection's current transaction; returns its id.
 
@@ -102,9 +107,13 @@ def _insert_many(conn: Any, jobs: Sequence[Job], batch_id: Optional[int]) -> Lis
         for start in range(0, len(jobs), MANY_CHUNK):
             chunk = jobs[start:start + MANY_CHUNK]
             payload = "[" + ",".join([_many_entry(job, batch_id) for job in chunk]) + "]"
-            cur.execute(QUERIES["insert_jobs"], {"jobs": payload})
-            by_position = dict(cur.fetchall())
-            ids.extend(by_position[position] for position in range(1, len(chunk) + 1))
+            if all(_ready_and_plain(job) for job in chunk):
+                cur.execute(QUERIES["insert_ready_jobs"], {"jobs": payload})
+                ids.extend(sorted(row[0] for row in cur.fetchall()))
+            else:
+                cur.execute(QUERIES["insert_jobs"], {"jobs": payload})
+                by_position = dict(cur.fetchall())
+                ids.extend(by_position[position] for position in range(1, len(chunk) + 1))
     return ids
 
 

@@ -224,7 +224,7 @@ def test_vacuum_service_vacuums_the_claim_table_once_dead_tuples_pile_up(dsn) ->
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT awa.insert_jobs((SELECT json_agg(json_build_object('kind', 'v')) "
+            cur.execute("SELECT awa.insert_jobs((SELECT jsonb_agg(jsonb_build_object('kind', 'v')) "
                         "FROM generate_series(1, 3000)))")
             cur.execute("DELETE FROM awa.jobs_hot")
             service = VacuumQueueTables(dead_threshold=1000)

@@ -269,7 +269,7 @@ def test_worker_role_runs_every_maintenance_service(dsn, worker) -> None:
     ("create a function", "CREATE FUNCTION awa.evil() RETURNS int LANGUAGE sql AS 'SELECT 1'"),
     ("replace a function", "CREATE OR REPLACE FUNCTION awa.backoff_s(attempt integer) RETURNS double precision "
                            "LANGUAGE sql AS 'SELECT 0.0'"),
-    ("drop a trigger", "DROP TRIGGER jobs_hot_notify ON awa.jobs_hot"),
+    ("drop a trigger", "DROP TRIGGER jobs_done_batches ON awa.jobs_done"),
     ("truncate live jobs", "TRUNCATE awa.jobs_hot"),
     ("delete history", "DELETE FROM awa.jobs_done"),
     ("rewrite migrations", "DELETE FROM awa.schema_migrations"),

@@ -237,6 +237,18 @@ def test_notify_reaches_listener_at_commit(conn, dsn) -> None:
         enqueue(conn, Job("future", queue="images", delay=60))  # not ready: no wake-up
         conn.commit()
         assert select.select([listener], [], [], 0.2)[0] == []
+
+        # bulk, all ready (the fast path): one wake-up per queue
+        enqueue_many(conn, [Job("a", queue="q1"), Job("b", queue="q2"), Job("c", queue="q1")])
+        conn.commit()
+        assert sorted(wait_for(lambda: received() if len(received()) >= 2 else None, timeout=5,
+                               message="bulk NOTIFY")) == ["q1", "q2"]
+        listener.notifies.clear()
+        # bulk, mixed: only the queue that got a ready job is woken
+        enqueue_many(conn, [Job("d", queue="q3"), Job("e", queue="q4", delay=60)])
+        conn.commit()
+        assert wait_for(received, timeout=5, message="mixed bulk NOTIFY") == ["q3"]
+        assert select.select([listener], [], [], 0.2)[0] == [] and received() == ["q3"]
     finally:
         listener.close()
 
@@ -296,6 +308,33 @@ def test_bulk_path_matches_insert_job_row_for_row(conn, dsn) -> None:
         elif job.delay:
             waited = (copied["run_at"] - copied["created_at"]).total_seconds()
             assert 119.5 < waited < 121
+
+
+def test_ready_fast_path_matches_insert_job_row_for_row(conn, dsn) -> None:
+    """A bulk of ready, non-unique jobs takes awa.insert_ready_jobs; its rows
+    must equal awa.insert_job's, and its ids follow the input order."""
+    variants = [
+        lambda i: Job("fast", {"i": i, "s": "ünï\t\\"}, queue="fq", priority=1 + i % 4, max_attempts=3,
+                      timeout=1.5, tags=["a", 'b"'], metadata={"m": [i]}, ordering_key=f"k{i}"),
+        lambda i: Job("fast", {"i": i}),
+    ]
+    jobs = [variants[i % 2](i) for i in range(500)]
+    ids = enqueue_many(conn, jobs)
+    conn.commit()
+    rows = dict(query(dsn, "SELECT id, (args->>'i')::int FROM awa.jobs"))
+    assert [rows[job_id] for job_id in ids] == list(range(500))
+    columns = ("kind", "queue", "args", "state", "priority", "max_attempts", "timeout_s", "tags",
+               "metadata", "lane", "ordering_key", "attempt", "lease", "batch_id", "run_at")
+    for job, job_id in zip(jobs[:4], ids):
+        bulk = job_row(dsn, job_id)
+        single_id = enqueue(conn, job)
+        conn.commit()
+        single = job_row(dsn, single_id)
+        for column in columns:
+            if column == "run_at":  # now() of two transactions
+                assert abs((bulk[column] - single[column]).total_seconds()) < 60
+            else:
+                assert bulk[column] == single[column], (column, bulk[column], single[column])
 
 
 def test_bulk_path_respects_sharded_queues(conn, dsn) -> None:

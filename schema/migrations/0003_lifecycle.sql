@@ -16,6 +16,9 @@ LANGUAGE plpgsql AS $$
 BEGIN
     IF j.state IN ('available', 'running') THEN
         INSERT INTO awa.jobs_hot SELECT (j).*;
+        IF j.state = 'available' THEN
+            PERFORM pg_notify('awa_jobs', j.queue);
+        END IF;
     ELSIF j.state IN ('scheduled', 'retryable', 'waiting_external') THEN
         INSERT INTO awa.jobs_deferred SELECT (j).*;
     ELSE
@@ -358,13 +361,14 @@ BEGIN
     RETURN n;
 END $$;
 
--- Move due scheduled/retryable jobs to the hot table (the NOTIFY trigger
--- there wakes the supervisors of their queues). Bounded per call.
+-- Move due scheduled/retryable jobs to the hot table and wake the
+-- supervisors of their queues. Bounded per call.
 CREATE FUNCTION awa.promote_due(p_limit integer DEFAULT 1000)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     n integer;
+    v_queues text[];
 BEGIN
     WITH due AS (
         SELECT d.id FROM awa.jobs_deferred d
@@ -376,22 +380,26 @@ BEGIN
     moved AS (
         DELETE FROM awa.jobs_deferred d
          WHERE d.id = ANY (ARRAY(SELECT due.id FROM due)) RETURNING d.*
+    ),
+    promoted AS (
+        INSERT INTO awa.jobs_hot (
+            id, kind, queue, args, state, priority, run_at, created_at, attempt,
+            max_attempts, lease, timeout_s, tags, metadata, unique_key, lane,
+            ordering_key, batch_id, supervisor_id, attempted_at, deadline,
+            finalized_at, crashes, errors, attempt_log, wall_s, cpu_s, peak_rss,
+            progress, result, callback_id, callback_timeout_at, callback_result,
+            dead_lettered)
+        SELECT id, kind, queue, args, 'available', priority, run_at, created_at, attempt,
+               max_attempts, lease, timeout_s, tags, metadata, unique_key, lane,
+               ordering_key, batch_id, supervisor_id, attempted_at, NULL,
+               NULL, crashes, errors, attempt_log, wall_s, cpu_s, peak_rss,
+               progress, result, callback_id, callback_timeout_at, callback_result,
+               dead_lettered
+          FROM moved
+        RETURNING queue
     )
-    INSERT INTO awa.jobs_hot (
-        id, kind, queue, args, state, priority, run_at, created_at, attempt,
-        max_attempts, lease, timeout_s, tags, metadata, unique_key, lane,
-        ordering_key, batch_id, supervisor_id, attempted_at, deadline,
-        finalized_at, crashes, errors, attempt_log, wall_s, cpu_s, peak_rss,
-        progress, result, callback_id, callback_timeout_at, callback_result,
-        dead_lettered)
-    SELECT id, kind, queue, args, 'available', priority, run_at, created_at, attempt,
-           max_attempts, lease, timeout_s, tags, metadata, unique_key, lane,
-           ordering_key, batch_id, supervisor_id, attempted_at, NULL,
-           NULL, crashes, errors, attempt_log, wall_s, cpu_s, peak_rss,
-           progress, result, callback_id, callback_timeout_at, callback_result,
-           dead_lettered
-      FROM moved;
-    GET DIAGNOSTICS n = ROW_COUNT;
+    SELECT count(*), array_agg(DISTINCT queue) INTO n, v_queues FROM promoted;
+    PERFORM pg_notify('awa_jobs', q) FROM unnest(v_queues) q;  -- wake their supervisors
     RETURN n;
 END $$;
 

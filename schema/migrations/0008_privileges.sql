@@ -28,7 +28,9 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA awa FROM PUBLIC;
 ALTER FUNCTION awa.insert_job(text, jsonb, text, integer, timestamptz, integer, double precision,
                               text[], jsonb, jsonb, text, bigint, boolean)
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION awa.insert_jobs(json)
+ALTER FUNCTION awa.insert_jobs(jsonb)
+    SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION awa.insert_ready_jobs(jsonb)
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 
 -- Is job p_then the follow-up enqueue_batch created for batch p_batch (its
@@ -92,7 +94,7 @@ BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA awa TO %I', p_role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION awa.insert_job(text, jsonb, text, integer, timestamptz, '
                    'integer, double precision, text[], jsonb, jsonb, text, bigint, boolean), '
-                   'awa.insert_jobs(json) TO %I', p_role);
+                   'awa.insert_jobs(jsonb), awa.insert_ready_jobs(jsonb) TO %I', p_role);
     -- the guard on awa.batches asks this on the producer's behalf
     EXECUTE format('GRANT EXECUTE ON FUNCTION awa.is_follow_up(bigint, bigint) TO %I', p_role);
     -- the CLI checks the schema version before acting

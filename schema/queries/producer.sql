@@ -10,7 +10,11 @@ SELECT awa.insert_job(%(kind)s, %(args)s::jsonb, %(queue)s, %(priority)s,
 
 -- name: insert_jobs
 -- Many jobs in one round trip; returns (input position, id).
-SELECT ord, id FROM awa.insert_jobs(%(jobs)s::json)
+SELECT ord, id FROM awa.insert_jobs(%(jobs)s::jsonb)
+
+-- name: insert_ready_jobs
+-- The bulk fast path (ready, not unique): ids, ascending in input order.
+SELECT * FROM awa.insert_ready_jobs(%(jobs)s::jsonb)
 
 -- name: insert_batch
 INSERT INTO awa.batches (total, remaining) VALUES (%(total)s, %(total)s) RETURNING id
