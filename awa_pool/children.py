@@ -16,8 +16,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 import multiprocess
 
 from .child import EXIT_HOOK_FAILED, child_main
-from .protocol import (DONE, LOW, PROGRESS, READY, REQUEST, RUN, STOP, FrameReader, Outcome,
-                       StatusBlock, send)
+from .protocol import (DONE, LOW, PROGRESS, READY, REQUEST, RUN, RUN_FRAME_BYTES, STOP, FrameReader,
+                       Outbox, Outcome, StatusBlock)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ class ChildHandle:
     down_fd: int
     up_fd: int
     reader: FrameReader
+    outbox: Outbox
     status: StatusBlock
     started_at: float
     recycle_after: Optional[int]
@@ -91,6 +92,22 @@ def _grow_pipe(fd: int) -> None:
         fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
     except (ImportError, OSError):
         pass  # not Linux, or over the system's limit: refills stay small
+
+
+def _frames(rows: Sequence[tuple]) -> List[list]:
+    """Split a batch into RUN frames of at most ~RUN_FRAME_BYTES of job
+    payload each (a frame always holds at least one job)."""
+    frames: List[list] = [[]]
+    size = 0
+    for row in rows:
+        # args, metadata, progress and callback result: the JSON texts
+        row_bytes = sum(len(row[i] or "") for i in (3, 10, 13, 14))
+        if frames[-1] and size + row_bytes > RUN_FRAME_BYTES:
+            frames.append([])
+            size = 0
+        frames[-1].append(row)
+        size += row_bytes
+    return frames
 
 
 def describe_exit(exitcode: Optional[int]) -> str:
@@ -143,13 +160,15 @@ class Children:
         os.close(down_r)
         os.close(up_w)
         _grow_pipe(down_w)
+        os.set_blocking(down_w, False)
         os.set_blocking(up_r, False)
         recycle_after = None
         if self.max_tasks_per_child:
             # jitter so children started together do not all recycle together
             recycle_after = self.max_tasks_per_child + random.randint(0, max(0, self.max_tasks_per_child // 10))
         child = ChildHandle(slot=slot, process=process, pid=process.pid, down_fd=down_w, up_fd=up_r,
-                            reader=FrameReader(up_r), status=status, started_at=time.monotonic(),
+                            reader=FrameReader(up_r), outbox=Outbox(down_w), status=status,
+                            started_at=time.monotonic(),
                             recycle_after=recycle_after)
         self.by_slot[slot] = child
         self.spawned += 1
@@ -182,12 +201,28 @@ class Children:
                               for i, (row, timeout) in enumerate(zip(rows, timeouts)))
         child.next_position = start + len(rows)
         child.refill_wanted = False
-        try:
-            send(child.down_fd, (RUN, list(rows)))
-        except (BrokenPipeError, OSError):
+        if not self.post(child, *((RUN, frame) for frame in _frames(rows))):
             # It died since it reported idle; the reaper releases these jobs
             # (none of them started) when its sentinel fires.
             log.warning("child %d is gone; %d claimed job(s) go back to the queue", child.pid, len(rows))
+
+    def post(self, child: ChildHandle, *messages: tuple) -> bool:
+        """Send messages to a child without ever blocking on it (what its
+        pipe cannot take now waits in its outbox); False if it is gone."""
+        try:
+            for message in messages:
+                child.outbox.post(message)
+        except OSError:  # BrokenPipeError: it died; the reaper will handle it
+            child.outbox.clear()
+            return False
+        return True
+
+    def flush(self, child: ChildHandle) -> None:
+        """Its pipe is writable again: send what waits in its outbox."""
+        try:
+            child.outbox.flush()
+        except OSError:
+            child.outbox.clear()
 
     def read(self, child: ChildHandle) -> Tuple[List[Outcome], List[tuple]]:
         """Messages from a child: (outcomes reported, other messages)."""
@@ -215,10 +250,7 @@ class Children:
         return outcomes, others
 
     def reply(self, child: ChildHandle, message: tuple) -> None:
-        try:
-            send(child.down_fd, message)
-        except (BrokenPipeError, OSError):
-            pass  # it died; the reaper will handle it
+        self.post(child, message)
 
     def kill(self, child: ChildHandle, outcome: str, error: str) -> None:
         """SIGKILL a child; its running job gets `outcome` with `error`."""
@@ -232,10 +264,7 @@ class Children:
     def stop(self, child: ChildHandle) -> None:
         """Ask an idle child to exit (recycling, shutdown)."""
         child.stopping = True
-        try:
-            send(child.down_fd, (STOP,))
-        except (BrokenPipeError, OSError):
-            pass
+        self.post(child, (STOP,))
 
     def should_recycle(self, child: ChildHandle, max_memory: Optional[int]) -> Optional[str]:
         if child.recycle_after is not None and child.tasks_done >= child.recycle_after:

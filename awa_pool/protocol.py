@@ -3,7 +3,8 @@ here beyond framing: messages are tuples, pickled (pipes are private to one
 supervisor and its own forks), each frame prefixed with its length.
 
 Down (supervisor -> child):
-    (RUN, [job, ...])                 run these jobs in order
+    (RUN, [job, ...])                 run these jobs in order (a batch may come
+                                      in several RUN frames, run in order)
     (REPLY, request_id, ok, value)    answer to a REQUEST
     (STOP,)                           exit after the current batch
 Up (child -> supervisor):
@@ -16,17 +17,19 @@ Up (child -> supervisor):
 """
 from __future__ import annotations
 
+import collections
 import errno
 import os
 import pickle
 import struct
-from typing import Any, List, NamedTuple, Optional, Tuple
+from typing import Any, Deque, List, NamedTuple, Optional, Tuple
 
 RUN, REPLY, STOP = 1, 2, 3
 READY, DONE, PROGRESS, REQUEST, LOW = 10, 11, 12, 13, 14
 
 _HEADER = struct.Struct("!I")
-MAX_FRAME = 256 * 1024 * 1024
+MAX_FRAME = 1 << 30          # PostgreSQL's largest field: one job always fits
+RUN_FRAME_BYTES = 32 << 20   # a batch of big jobs goes down in several RUN frames
 
 
 class JobSpec(NamedTuple):
@@ -83,6 +86,44 @@ def write_all(fd: int, data: bytes) -> None:
 
 def send(fd: int, message: Tuple[Any, ...]) -> None:
     write_all(fd, encode(message))
+
+
+class Outbox:
+    """Messages for a non-blocking pipe. What the pipe does not take now
+    waits here, in order, and goes out when the pipe is writable again: the
+    supervisor never blocks on a busy child (blocked on a full pipe while
+    that child blocks sending it outcomes, both would wait forever)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.chunks: Deque[memoryview] = collections.deque()
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.chunks)
+
+    def post(self, message: Tuple[Any, ...]) -> None:
+        """Queue a message and write what the pipe takes now. BrokenPipeError
+        (the reader is gone) goes to the caller."""
+        self.chunks.append(memoryview(encode(message)))
+        self.flush()
+
+    def flush(self) -> None:
+        chunks = self.chunks
+        while chunks:
+            try:
+                written = os.write(self.fd, chunks[0])
+            except BlockingIOError:
+                return
+            except InterruptedError:
+                continue
+            if written == len(chunks[0]):
+                chunks.popleft()
+            else:
+                chunks[0] = chunks[0][written:]
+
+    def clear(self) -> None:
+        self.chunks.clear()
 
 
 def _read_exact(fd: int, size: int) -> Optional[bytes]:

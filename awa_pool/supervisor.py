@@ -19,7 +19,7 @@ import signal
 import socket
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import psycopg2
 import psycopg2.extensions
@@ -72,6 +72,7 @@ class Supervisor:
                                  max_tasks_per_child=config.max_tasks_per_child,
                                  inherited_fds=self._inherited_fds)
         self.selector = selectors.DefaultSelector()
+        self.writing: Set[int] = set()  # child pipes watched for writability (outbox pending)
         self.queues: Dict[str, QueueConfig] = {}
         self.has_work: Dict[str, bool] = {}
         self.blocked_until: Dict[str, float] = {}
@@ -235,10 +236,13 @@ class Supervisor:
         timeout = self._next_timeout()
         if max_wait is not None:
             timeout = min(timeout, max_wait)
+        self._watch_outboxes()
         for key, _ in self.selector.select(timeout):
             kind, child = key.data
             if kind == "child":
                 self._on_child_readable(child)
+            elif kind == "writable":
+                self.children.flush(child)
             elif kind == "sentinel":
                 self._on_child_exit(child)
             elif kind == "notify":
@@ -264,6 +268,24 @@ class Supervisor:
             self._refresh_settings()
         if self.state in (DRAINING, STOPPING):
             self._advance_shutdown(time.monotonic())
+
+    def _watch_outboxes(self) -> None:
+        """Wait for a child's pipe to be writable only while messages for
+        it wait in its outbox."""
+        for child in self.children.all():
+            if child.outbox.pending and child.down_fd not in self.writing:
+                self.selector.register(child.down_fd, selectors.EVENT_WRITE, ("writable", child))
+                self.writing.add(child.down_fd)
+            elif not child.outbox.pending and child.down_fd in self.writing:
+                self._unwatch_writes(child)
+
+    def _unwatch_writes(self, child: ChildHandle) -> None:
+        if child.down_fd in self.writing:
+            self.writing.discard(child.down_fd)
+            try:
+                self.selector.unregister(child.down_fd)
+            except (KeyError, ValueError):
+                pass
 
     def _next_timeout(self) -> float:
         now = time.monotonic()
@@ -317,6 +339,7 @@ class Supervisor:
                 self.selector.unregister(fd)
             except (KeyError, ValueError):
                 pass
+        self._unwatch_writes(child)
         expected = child.stopping
         killed = child.kill_reason
         queue = child.queue

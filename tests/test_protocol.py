@@ -101,3 +101,49 @@ def test_take_back_races_the_child_without_losing_or_doubling_a_job():
         assert started.isdisjoint(taken)
         assert started | taken == set(range(total))
         status.close()
+
+
+def test_outbox_never_blocks_and_keeps_order_behind_a_full_pipe():
+    from awa_pool.protocol import Outbox
+
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    outbox = Outbox(write_fd)
+    big = "y" * 3_000_000  # far more than a pipe holds
+    outbox.post((RUN, [big]))
+    outbox.post((RUN, ["second"]))
+    assert outbox.pending  # the writer came back with most of it still queued
+    received = []
+    reader = FrameReader(read_fd)
+    os.set_blocking(read_fd, False)
+    deadline = 200
+    while len(received) < 2 and deadline:
+        deadline -= 1
+        select.select([read_fd], [write_fd] if outbox.pending else [], [], 1)
+        outbox.flush()
+        received.extend(reader.read_available())
+    assert [m[1] for m in received] == [[big], ["second"]]
+    assert not outbox.pending
+    os.close(read_fd)
+    try:
+        outbox.post((RUN, ["nobody reads"]))
+        raised = False
+    except BrokenPipeError:
+        raised = True
+    assert raised  # a vanished reader is reported, not hidden
+    os.close(write_fd)
+
+
+def test_a_batch_of_big_jobs_is_split_into_run_frames():
+    from awa_pool.children import _frames
+    from awa_pool.protocol import RUN_FRAME_BYTES
+
+    def row(job_id, args_bytes):
+        return (job_id, "k", "q", "x" * args_bytes, 2, 1, 25, 1, None, None, "{}", 0.0, 0.0, None, None, None)
+
+    small = [row(i, 10) for i in range(5)]
+    assert _frames(small) == [small]
+    half = RUN_FRAME_BYTES // 2 + 1
+    big = [row(1, half), row(2, half), row(3, 10), row(4, RUN_FRAME_BYTES * 2)]
+    frames = _frames(big)
+    assert [[r[0] for r in f] for f in frames] == [[1], [2, 3], [4]]  # order kept, one oversize job alone

@@ -172,3 +172,20 @@ def test_supervisor_kill_leaves_no_child(dsn, pools):
     started = time.monotonic()
     wait_for(all_gone, timeout=5, message="every child to exit after the supervisor's SIGKILL")
     assert time.monotonic() - started < 5
+
+
+def test_big_args_and_results_never_wedge_the_supervisor(dsn, pools):
+    """Short jobs with ~0.7 MB args that return ~0.7 MB results, on one
+    child: next batches are queued behind running ones while the child
+    sends big outcomes back. A supervisor that blocked writing to a busy
+    child's pipe while that child blocked writing to it would hang here."""
+    blob = "é" * 350_000  # 700 kB of UTF-8
+    ids = _enqueue(dsn, *[Job("echo_value", {"value": {"i": i, "blob": blob}}, queue="echo")
+                          for i in range(40)])
+    supervisor = pools.start(app="apps.echo", workers=1)
+    wait_for(lambda: states(dsn) == {"completed": 40}, timeout=90,
+             message=f"40 big jobs completed (states now {states(dsn)})")
+    assert supervisor.poll() is None
+    for i, job_id in enumerate(ids):
+        result = _record(dsn, job_id).result
+        assert result["i"] == i and result["blob"] == blob
