@@ -143,14 +143,18 @@ def finish_and_cancel(ctx, dsn: str, offset_ms: float) -> dict:
     `offset_ms` later (negative: just before returning), on its own
     connection; records what cancel_job answered."""
     job_id = ctx.id
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
+    late = offset_ms >= 1000  # long after: connect then, not hold a connection meanwhile
+    conn = None if late else psycopg2.connect(dsn)
     go = threading.Event()
 
     def cancel() -> None:
+        nonlocal conn
         go.wait(5)
         if offset_ms > 0:
             time.sleep(offset_ms / 1000.0)
+        if conn is None:
+            conn = psycopg2.connect(dsn)
+        conn.autocommit = True
         try:
             answer = awa_pool.cancel_job(conn, job_id, reason="race")
             record("cancel_answer", job_id, answer.value if answer is not None else "None")
