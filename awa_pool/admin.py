@@ -10,17 +10,19 @@ import json
 import select
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
+import psycopg2.extras
 
 from .config import parse_duration
 from .db import cursor_for, psycopg2_connection
 from .errors import PayloadTooLarge, UnknownCallback
-from .job import JobRecord, JobState, check_name
+from .job import JobRecord, JobState, check_name, decode_json_for_record
 from .sql import QUERIES
 
 ALL_STATES = [state.value for state in JobState]
@@ -47,6 +49,15 @@ class QueueStats:
     lag_seconds: float = 0.0
 
 
+@contextmanager
+def _record_cursor(conn: Any) -> Iterator[Any]:
+    """A cursor whose jsonb values decode as JobRecord fields expect
+    (see decode_json_for_record)."""
+    with cursor_for(conn) as cur:
+        psycopg2.extras.register_default_jsonb(cur, loads=decode_json_for_record)
+        yield cur
+
+
 def _records(cur: Any) -> List[JobRecord]:
     names = [d.name for d in cur.description]
     return [JobRecord.from_row(dict(zip(names, row))) for row in cur.fetchall()]
@@ -65,7 +76,7 @@ def _check_limit(limit: Any) -> None:
 
 def get_job(conn: Any, job_id: int) -> Optional[JobRecord]:
     """The job with this id, or None."""
-    with cursor_for(conn) as cur:
+    with _record_cursor(conn) as cur:
         cur.execute(QUERIES["get_job"], {"id": _check_id(job_id)})
         records = _records(cur)
     return records[0] if records else None
@@ -84,7 +95,7 @@ def list_jobs(conn: Any, state: Optional[str] = None, queue: Optional[str] = Non
         "older_than_s": parse_duration(older_than, what="older_than") if older_than is not None else None,
         "newer_than_s": parse_duration(newer_than, what="newer_than") if newer_than is not None else None,
     }
-    with cursor_for(conn) as cur:
+    with _record_cursor(conn) as cur:
         cur.execute(QUERIES["list_jobs"], params)
         return _records(cur)
 
@@ -236,7 +247,7 @@ def dlq_list(conn: Any, queue: Optional[str] = None, kind: Optional[str] = None,
              limit: int = 100) -> List[JobRecord]:
     """Dead-lettered jobs, most recent first."""
     _check_limit(limit)
-    with cursor_for(conn) as cur:
+    with _record_cursor(conn) as cur:
         cur.execute(QUERIES["dlq_list"], {"queue": queue, "kind": kind, "limit": limit})
         return _records(cur)
 
@@ -286,7 +297,7 @@ def wait(conn: Any, ids: Sequence[int], timeout: Optional[float] = None) -> List
     autocommit = raw.autocommit
     raw.autocommit = True
     try:
-        with raw.cursor() as cur:
+        with _record_cursor(raw) as cur:
             cur.execute(QUERIES["listen_done"])
             try:
                 while True:

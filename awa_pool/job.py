@@ -159,6 +159,20 @@ def check_json(value: Any, what: str) -> str:
     return text
 
 
+UNDECODABLE = "$undecodable"  # the key of the stand-in for JSON Python cannot decode
+
+
+def decode_json_for_record(text: str) -> Any:
+    """Decode a stored JSON value for a JobRecord. JSON nested deeper than
+    Python's recursion limit (only raw SQL can store it) becomes a one-key
+    stand-in instead of an exception, so one such job cannot break listing
+    or showing the others."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        return {UNDECODABLE: f"JSON nested too deeply for Python to decode ({len(text)} characters)"}
+
+
 def json_object(value: Any, what: str) -> Tuple[Dict[str, Any], str]:
     """Validate a JSON object (dict) and return it with its JSON text."""
     if value is None:

@@ -19,6 +19,7 @@ import awa_pool
 from awa_pool import Job
 from awa_pool.config import QueueConfig, parse_queue_spec
 from awa_pool.errors import ConfigError
+from cli_run import cli
 from helpers import query, scalar, wait_for
 
 # -- strategies ----------------------------------------------------------------------------
@@ -255,9 +256,9 @@ def test_results_that_cannot_be_stored_fail_clearly_and_spare_the_child(echo_poo
 
 def test_args_deeper_than_python_can_decode_fail_without_crashing_a_child(echo_pool, dsn) -> None:
     """A raw SQL producer can store args nested deeper than Python's json can
-    read: the job fails with a clear error; no child dies over it. (Reading
-    such a job back through get_job fails the same way, so this looks at
-    the row in SQL.)"""
+    read: the job fails with a clear error; no child dies over it; reading
+    it back (get_job, list_jobs, the CLI) shows a stand-in for those args
+    instead of raising."""
     with echo_pool.cursor() as cur:
         cur.execute("SELECT awa.insert_job('echo', %s::jsonb, queue => 'echo')",
                     ('{"deep": ' + "[" * 3000 + "]" * 3000 + "}",))
@@ -269,6 +270,17 @@ def test_args_deeper_than_python_can_decode_fail_without_crashing_a_child(echo_p
     assert state == "failed" and crashes == 0, (state, crashes, error)
     assert "nest too deeply" in error and "\n" not in error
     assert _run(echo_pool, Job("echo", {"still": "alive"})).state == "completed"
+
+    record = awa_pool.get_job(echo_pool, job_id)
+    assert record.state == "failed" and list(record.args) == [awa_pool.job.UNDECODABLE]
+    assert "nested too deeply" in record.args[awa_pool.job.UNDECODABLE]
+    assert job_id in [r.id for r in awa_pool.list_jobs(echo_pool, queue="echo")]
+    echo_pool.rollback()
+    for args in (("jobs", "show", str(job_id)), ("jobs", "list", "--queue", "echo"),
+                 ("jobs", "show", str(job_id), "--json")):
+        result = cli(*args, "--database-url", dsn)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, (args, result.stderr)
+        assert "nested too deeply" in result.stdout or args[1] == "list", result.stdout
 
 
 # -- the --queue spec parser -------------------------------------------------------------------
