@@ -52,7 +52,7 @@ def _single_params(job: Job, *, batch_id: Optional[int] = None, hold: bool = Fal
 _quote = json.encoder.encode_basestring  # a JSON string literal, fast (C)
 
 
-def _many_entry(job: Job, batch_id: Optional[int]) -> str:
+def _many_entry(job: Job) -> str:
     """One element of awa.insert_jobs' JSON array, built as text so each
     job's already-validated args JSON is not encoded a second time."""
     parts = ['{"kind":', _quote(job.kind), ',"queue":', _quote(job.queue), ',"args":', job.args_json,
@@ -71,8 +71,6 @@ def _many_entry(job: Job, batch_id: Optional[int]) -> str:
         parts += [',"unique_opts":', json.dumps(job.unique.as_sql_options())]
     if job.ordering_key is not None:
         parts += [',"ordering_key":', _quote(job.ordering_key)]
-    if batch_id is not None:
-        parts += [',"batch_id":', str(batch_id)]
     parts.append("}")
     return "".join(parts)
 
@@ -106,12 +104,13 @@ def _insert_many(conn: Any, jobs: Sequence[Job], batch_id: Optional[int]) -> Lis
     with cursor_for(conn) as cur:
         for start in range(0, len(jobs), MANY_CHUNK):
             chunk = jobs[start:start + MANY_CHUNK]
-            payload = "[" + ",".join([_many_entry(job, batch_id) for job in chunk]) + "]"
+            payload = "[" + ",".join([_many_entry(job) for job in chunk]) + "]"
+            params = {"jobs": payload, "batch_id": batch_id}
             if all(_ready_and_plain(job) for job in chunk):
-                cur.execute(QUERIES["insert_ready_jobs"], {"jobs": payload})
+                cur.execute(QUERIES["insert_ready_jobs"], params)
                 ids.extend(sorted(row[0] for row in cur.fetchall()))
             else:
-                cur.execute(QUERIES["insert_jobs"], {"jobs": payload})
+                cur.execute(QUERIES["insert_jobs"], params)
                 by_position = dict(cur.fetchall())
                 ids.extend(by_position[position] for position in range(1, len(chunk) + 1))
     return ids
@@ -144,4 +143,5 @@ def enqueue_batch(conn: Any, jobs: Iterable[Job], then: Optional[Job] = None) ->
             then_id = cur.fetchone()[0]
             cur.execute(QUERIES["set_batch_then"], {"then_id": then_id, "batch_id": batch_id})
         ids = _insert_many(cur, members, batch_id=batch_id)
+        cur.execute(QUERIES["seal_batch"], {"batch_id": batch_id})
     return Batch(batch_id, tuple(ids), then_id)

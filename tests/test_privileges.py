@@ -178,6 +178,23 @@ def test_producer_cannot_hijack_another_batch(dsn, producer) -> None:
     message = _refused(dsn, producer, "UPDATE awa.batches SET then_id = %s WHERE id = %s", (stranger, held.id))
     assert "already has its follow-up" in message
     assert scalar(dsn, "SELECT then_id FROM awa.batches WHERE id = %s", (held.id,)) == held.then_id
+    # no job can join a sealed batch, one at a time or in bulk, ready or not
+    for statement in ("SELECT awa.insert_job('noop', batch_id => %s)",
+                      "SELECT * FROM awa.insert_jobs('[{\"kind\": \"noop\", \"delay_s\": 60}]', %s)",
+                      "SELECT * FROM awa.insert_ready_jobs('[{\"kind\": \"noop\"}]', %s)"):
+        assert "is sealed" in _refused(dsn, producer, statement, (held.id,))
+    # and a sealed batch cannot be reopened
+    assert "cannot be reopened" in _refused(dsn, producer, "UPDATE awa.batches SET sealed = false WHERE id = %s",
+                                            (held.id,))
+    # a batch id that does not exist (or is not committed yet) is refused too
+    conn = psycopg2.connect(_as_role(dsn, producer))
+    try:
+        with conn.cursor() as cur, pytest.raises(psycopg2.errors.ForeignKeyViolation, match="unknown batch"):
+            cur.execute("SELECT awa.insert_job('noop', batch_id => %s)", (held.id + 1000,))
+    finally:
+        conn.close()
+    assert scalar(dsn, "SELECT count(*) FROM awa.jobs WHERE batch_id = %s", (held.id,)) == 1
+    assert scalar(dsn, "SELECT remaining FROM awa.batches WHERE id = %s", (held.id,)) == 1
 
 
 def test_revoke_takes_everything_back(dsn, producer) -> None:

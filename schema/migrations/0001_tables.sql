@@ -190,6 +190,8 @@ CREATE TABLE awa.batches (
     total       integer NOT NULL,
     remaining   integer NOT NULL,
     then_id     bigint,
+    -- set by enqueue_batch once its members are in: no job can join after
+    sealed      boolean NOT NULL DEFAULT false,
     created_at  timestamptz NOT NULL DEFAULT now(),
     done_at     timestamptz
 );

@@ -76,6 +76,23 @@ LANGUAGE sql IMMUTABLE AS $$
     END
 $$;
 
+-- A job may join a batch only while the batch is open: created in this
+-- transaction (another transaction's batch is invisible until it commits,
+-- and sealed by then) and not yet sealed by enqueue_batch.
+CREATE FUNCTION awa.require_open_batch(p_batch bigint) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_sealed boolean;
+BEGIN
+    SELECT b.sealed INTO v_sealed FROM awa.batches b WHERE b.id = p_batch;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown batch %', p_batch USING ERRCODE = 'foreign_key_violation';
+    ELSIF v_sealed THEN
+        RAISE EXCEPTION 'batch % is sealed: no job can join it after enqueue_batch', p_batch
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+END $$;
+
 -- The stable producer entry point for any language:
 --   SELECT awa.insert_job('send_email', '{"to": "a@b.c"}');
 -- Inserts one job in the caller's transaction and returns its id. A ready
@@ -109,6 +126,9 @@ DECLARE
     v_shards  smallint;
     v_lane    smallint;
 BEGIN
+    IF batch_id IS NOT NULL THEN
+        PERFORM awa.require_open_batch(batch_id);
+    END IF;
     IF unique_opts IS NOT NULL THEN
         v_key := awa.unique_key(kind, queue, coalesce(args, '{}'),
             coalesce((unique_opts->>'by_args')::boolean, true),
@@ -146,13 +166,17 @@ END $$;
 -- absent keys take the defaults. Returns (ord, id) pairs,
 -- ord being the 1-based input position. Jobs without unique options go in
 -- with two set-based statements; unique jobs go through insert_job one by one.
-CREATE FUNCTION awa.insert_jobs(p_jobs jsonb)
+-- p_batch_id: every job joins that (open) batch.
+CREATE FUNCTION awa.insert_jobs(p_jobs jsonb, p_batch_id bigint DEFAULT NULL)
 RETURNS TABLE (ord bigint, id bigint)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
     u record;
 BEGIN
+    IF p_batch_id IS NOT NULL THEN
+        PERFORM awa.require_open_batch(p_batch_id);
+    END IF;
     RETURN QUERY
     WITH j AS MATERIALIZED (
         SELECT x.*, nextval('awa.job_id_seq') AS new_id,
@@ -162,9 +186,9 @@ BEGIN
                    kind text, args jsonb, queue text, priority integer,
                    run_at timestamptz, max_attempts integer, timeout_s double precision,
                    tags text[], metadata jsonb, unique_opts jsonb, ordering_key text,
-                   batch_id bigint, hold boolean, delay_s double precision))
+                   hold boolean, delay_s double precision))
                WITH ORDINALITY AS x(kind, args, queue, priority, run_at, max_attempts,
-                   timeout_s, tags, metadata, unique_opts, ordering_key, batch_id, hold,
+                   timeout_s, tags, metadata, unique_opts, ordering_key, hold,
                    delay_s, ord)
           LEFT JOIN awa.queues q ON q.name = coalesce(x.queue, 'default')
          WHERE x.unique_opts IS NULL
@@ -174,7 +198,7 @@ BEGIN
             max_attempts, timeout_s, tags, metadata, lane, ordering_key, batch_id)
         SELECT new_id, kind, coalesce(queue, 'default'), coalesce(args, '{}'), 'available',
                coalesce(priority, 2), eff_run_at, coalesce(max_attempts, 25), timeout_s,
-               coalesce(tags, '{}'), coalesce(metadata, '{}'), new_lane, ordering_key, batch_id
+               coalesce(tags, '{}'), coalesce(metadata, '{}'), new_lane, ordering_key, p_batch_id
           FROM j
          WHERE NOT coalesce(hold, false) AND eff_run_at <= now()
     ),
@@ -185,7 +209,7 @@ BEGIN
                coalesce(priority, 2),
                CASE WHEN coalesce(hold, false) THEN 'infinity'::timestamptz ELSE eff_run_at END,
                coalesce(max_attempts, 25), timeout_s,
-               coalesce(tags, '{}'), coalesce(metadata, '{}'), new_lane, ordering_key, batch_id
+               coalesce(tags, '{}'), coalesce(metadata, '{}'), new_lane, ordering_key, p_batch_id
           FROM j
          WHERE coalesce(hold, false) OR eff_run_at > now()
     ),
@@ -203,9 +227,9 @@ BEGIN
                    kind text, args jsonb, queue text, priority integer,
                    run_at timestamptz, max_attempts integer, timeout_s double precision,
                    tags text[], metadata jsonb, unique_opts jsonb, ordering_key text,
-                   batch_id bigint, hold boolean, delay_s double precision))
+                   hold boolean, delay_s double precision))
                WITH ORDINALITY AS x(kind, args, queue, priority, run_at, max_attempts,
-                   timeout_s, tags, metadata, unique_opts, ordering_key, batch_id, hold,
+                   timeout_s, tags, metadata, unique_opts, ordering_key, hold,
                    delay_s, ord)
          WHERE x.unique_opts IS NOT NULL
          ORDER BY x.ord
@@ -216,7 +240,7 @@ BEGIN
             coalesce(u.run_at, now() + make_interval(secs => u.delay_s)),
             coalesce(u.max_attempts, 25), u.timeout_s,
             coalesce(u.tags, '{}'), coalesce(u.metadata, '{}'), u.unique_opts,
-            u.ordering_key, u.batch_id, coalesce(u.hold, false));
+            u.ordering_key, p_batch_id, coalesce(u.hold, false));
         RETURN NEXT;
     END LOOP;
 END $$;
@@ -226,23 +250,25 @@ END $$;
 -- from the sequence as rows are inserted, so sorted ascending they follow
 -- the input. Same rows as awa.insert_job writes; keys it does not read
 -- (run_at, delay_s, hold, unique_opts) belong to awa.insert_jobs.
-CREATE FUNCTION awa.insert_ready_jobs(p_jobs jsonb)
+CREATE FUNCTION awa.insert_ready_jobs(p_jobs jsonb, p_batch_id bigint DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
+    IF p_batch_id IS NOT NULL THEN
+        PERFORM awa.require_open_batch(p_batch_id);
+    END IF;
     RETURN QUERY
     INSERT INTO awa.jobs_hot (kind, queue, args, state, priority, max_attempts, timeout_s,
                               tags, metadata, lane, ordering_key, batch_id)
     SELECT x.kind, coalesce(x.queue, 'default'), coalesce(x.args, '{}'), 'available',
            coalesce(x.priority, 2), coalesce(x.max_attempts, 25), x.timeout_s,
            coalesce(x.tags, '{}'), coalesce(x.metadata, '{}'),
-           awa.lane_of(q.shards, x.ordering_key), x.ordering_key, x.batch_id
+           awa.lane_of(q.shards, x.ordering_key), x.ordering_key, p_batch_id
       FROM ROWS FROM (jsonb_to_recordset(p_jobs) AS (
                kind text, args jsonb, queue text, priority integer, max_attempts integer,
-               timeout_s double precision, tags text[], metadata jsonb, ordering_key text,
-               batch_id bigint))
+               timeout_s double precision, tags text[], metadata jsonb, ordering_key text))
            WITH ORDINALITY AS x(kind, args, queue, priority, max_attempts, timeout_s, tags,
-                                metadata, ordering_key, batch_id, ord)
+                                metadata, ordering_key, ord)
       LEFT JOIN awa.queues q ON q.name = coalesce(x.queue, 'default')
      ORDER BY x.ord
     RETURNING id;

@@ -28,9 +28,9 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA awa FROM PUBLIC;
 ALTER FUNCTION awa.insert_job(text, jsonb, text, integer, timestamptz, integer, double precision,
                               text[], jsonb, jsonb, text, bigint, boolean)
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION awa.insert_jobs(jsonb)
+ALTER FUNCTION awa.insert_jobs(jsonb, bigint)
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-ALTER FUNCTION awa.insert_ready_jobs(jsonb)
+ALTER FUNCTION awa.insert_ready_jobs(jsonb, bigint)
     SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 
 -- Is job p_then the follow-up enqueue_batch created for batch p_batch (its
@@ -44,9 +44,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 $$;
 
 -- Roles other than the owner (producers) may only insert a fresh batch
--- (remaining = total, no follow-up, not done) and attach, once, the
--- follow-up job that names that batch. The owner (migrations, operators)
--- is not restricted.
+-- (remaining = total, no follow-up, not done, open), attach, once, the
+-- follow-up job that names that batch, and seal it (never reopen it). The
+-- owner (migrations, operators) is not restricted.
 CREATE FUNCTION awa.batch_guard() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -55,11 +55,17 @@ BEGIN
     END IF;
     IF TG_OP = 'INSERT' THEN
         IF NEW.total IS NULL OR NEW.total < 0 OR NEW.remaining IS DISTINCT FROM NEW.total
-           OR NEW.then_id IS NOT NULL OR NEW.done_at IS NOT NULL THEN
-            RAISE EXCEPTION 'a new batch must have remaining = total, no follow-up and no end'
+           OR NEW.then_id IS NOT NULL OR NEW.done_at IS NOT NULL OR NEW.sealed THEN
+            RAISE EXCEPTION 'a new batch must have remaining = total, no follow-up, no end and be open'
                 USING ERRCODE = 'insufficient_privilege';
         END IF;
-    ELSIF NEW.then_id IS DISTINCT FROM OLD.then_id THEN
+        RETURN NEW;
+    END IF;
+    IF OLD.sealed AND NOT NEW.sealed THEN
+        RAISE EXCEPTION 'batch % is sealed and cannot be reopened', OLD.id
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    IF NEW.then_id IS DISTINCT FROM OLD.then_id THEN
         IF OLD.then_id IS NOT NULL THEN
             RAISE EXCEPTION 'batch % already has its follow-up job %', OLD.id, OLD.then_id
                 USING ERRCODE = 'insufficient_privilege';
@@ -74,7 +80,7 @@ END $$;
 
 CREATE TRIGGER batches_guard_insert BEFORE INSERT ON awa.batches
     FOR EACH ROW EXECUTE FUNCTION awa.batch_guard();
-CREATE TRIGGER batches_guard_then BEFORE UPDATE OF then_id ON awa.batches
+CREATE TRIGGER batches_guard_then BEFORE UPDATE OF then_id, sealed ON awa.batches
     FOR EACH ROW EXECUTE FUNCTION awa.batch_guard();
 
 CREATE FUNCTION awa.require_role(p_role text) RETURNS void
@@ -94,13 +100,13 @@ BEGIN
     EXECUTE format('GRANT USAGE ON SCHEMA awa TO %I', p_role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION awa.insert_job(text, jsonb, text, integer, timestamptz, '
                    'integer, double precision, text[], jsonb, jsonb, text, bigint, boolean), '
-                   'awa.insert_jobs(jsonb), awa.insert_ready_jobs(jsonb) TO %I', p_role);
+                   'awa.insert_jobs(jsonb, bigint), awa.insert_ready_jobs(jsonb, bigint) TO %I', p_role);
     -- the guard on awa.batches asks this on the producer's behalf
     EXECUTE format('GRANT EXECUTE ON FUNCTION awa.is_follow_up(bigint, bigint) TO %I', p_role);
     -- the CLI checks the schema version before acting
     EXECUTE format('GRANT SELECT ON awa.schema_migrations TO %I', p_role);
     -- enqueue_batch: create the batch row, then attach its follow-up
-    EXECUTE format('GRANT INSERT (total, remaining), SELECT (id), UPDATE (then_id) ON awa.batches TO %I', p_role);
+    EXECUTE format('GRANT INSERT (total, remaining), SELECT (id), UPDATE (then_id, sealed) ON awa.batches TO %I', p_role);
     EXECUTE format('GRANT USAGE ON SEQUENCE awa.batches_id_seq TO %I', p_role);
 END $$;
 

@@ -10,14 +10,18 @@ SELECT awa.insert_job(%(kind)s, %(args)s::jsonb, %(queue)s, %(priority)s,
 
 -- name: insert_jobs
 -- Many jobs in one round trip; returns (input position, id).
-SELECT ord, id FROM awa.insert_jobs(%(jobs)s::jsonb)
+SELECT ord, id FROM awa.insert_jobs(%(jobs)s::jsonb, %(batch_id)s)
 
 -- name: insert_ready_jobs
 -- The bulk fast path (ready, not unique): ids, ascending in input order.
-SELECT * FROM awa.insert_ready_jobs(%(jobs)s::jsonb)
+SELECT * FROM awa.insert_ready_jobs(%(jobs)s::jsonb, %(batch_id)s)
 
 -- name: insert_batch
 INSERT INTO awa.batches (total, remaining) VALUES (%(total)s, %(total)s) RETURNING id
 
 -- name: set_batch_then
 UPDATE awa.batches SET then_id = %(then_id)s WHERE id = %(batch_id)s
+
+-- name: seal_batch
+-- Its members are in: no other job can join it (awa.require_open_batch).
+UPDATE awa.batches SET sealed = true WHERE id = %(batch_id)s
