@@ -23,7 +23,6 @@ import os
 import statistics
 import sys
 import time
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
 
@@ -31,23 +30,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
 
 import awa_pool  # noqa: E402
+from scriptdb import drop_database, fresh_database  # noqa: E402
 
 KIND = "bench_enqueue"
-
-
-def with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
-
-
-def admin(url: str, statement: str) -> None:
-    conn = psycopg2.connect(url)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            cur.execute(statement)
-    finally:
-        conn.close()
 
 
 def cleanup(url: str, queue: str) -> None:
@@ -105,9 +90,7 @@ def main() -> int:
     if own_db:
         server = "postgresql://postgres@127.0.0.1:5432/postgres"
         dbname = f"awa_bench_enqueue_{os.getpid()}"
-        admin(server, f'DROP DATABASE IF EXISTS "{dbname}"')
-        admin(server, f'CREATE DATABASE "{dbname}"')
-        url = with_database(server, dbname)
+        url = fresh_database(server, dbname, migrate=False)  # migrated below, as a given database is
     else:
         url = args.database_url
     try:
@@ -134,7 +117,7 @@ def main() -> int:
         conn.close()
     finally:
         if own_db:
-            admin(server, f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+            drop_database(server, dbname)
 
     loop_us = 1e6 * statistics.median(results["loop"]) / args.n
     many_us = 1e6 * statistics.median(results["many"]) / args.n

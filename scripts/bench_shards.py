@@ -21,7 +21,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
 
@@ -30,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 import awa_pool  # noqa: E402
 from awa_pool import Job  # noqa: E402
+from scriptdb import fresh_database  # noqa: E402
 
 APP = '''
 import awa_pool
@@ -40,27 +40,8 @@ def noop(**_):
 '''
 
 
-def with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
-
-
-def fresh_database(server: str) -> str:
-    admin = psycopg2.connect(server)
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute("DROP DATABASE IF EXISTS awa_bench_shards WITH (FORCE)")
-        cur.execute("CREATE DATABASE awa_bench_shards")
-    admin.close()
-    dsn = with_database(server, "awa_bench_shards")
-    conn = psycopg2.connect(dsn)
-    awa_pool.migrate(conn)
-    conn.close()
-    return dsn
-
-
 def run_once(server: str, jobs: int, supervisors: int, workers: int, shards: int, app_dir: Path) -> dict:
-    dsn = fresh_database(server)
+    dsn = fresh_database(server, "awa_bench_shards")
     conn = psycopg2.connect(dsn)
     awa_pool.set_queue_shards(conn, "hot", shards)
     for start in range(0, jobs, 5000):

@@ -62,15 +62,15 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
-from psycopg2 import sql
 
 import awa_pool
 from awa_pool.db import redact
+from scriptdb import create_database, drop_database, with_database
 
 LOG_DIR_ENV = "AWA_CHAOS_LOG_DIR"
 RUN_ENV = "AWA_CHAOS_RUN"
@@ -169,10 +169,6 @@ def say(message: str) -> None:
     sys.stderr.write(f"[chaos {time.strftime('%H:%M:%S')}] {message}\n")
     sys.stderr.flush()
 
-
-def with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
 
 
 def free_port() -> int:
@@ -332,14 +328,7 @@ class EmbeddedServer:
         self.start()
         self.admin_url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
         self.url = with_database(self.admin_url, database)
-        conn = connect(self.admin_url)
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
-                cur.execute("SELECT version()")
-                self.version = cur.fetchone()[0].split(" on ")[0]
-        finally:
-            conn.close()
+        self.version = create_database(self.admin_url, database)
 
     def _pg_ctl(self, *args: str) -> None:
         subprocess.run([self.pg_ctl_path, "-D", str(self.pgdata), *args], check=True,
@@ -379,14 +368,7 @@ class ExternalDatabase:
     def __init__(self, url: str) -> None:
         self.admin_url = url
         name = f"awa_chaos_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-        conn = connect(url)
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-                cur.execute("SELECT version()")
-                self.version = cur.fetchone()[0].split(" on ")[0]
-        finally:
-            conn.close()
+        self.version = create_database(url, name)
         self.name = name
         self.url = with_database(url, name)
         self.port = urlsplit(url).port or 5432
@@ -396,12 +378,7 @@ class ExternalDatabase:
         if keep:
             say(f"database {self.name} kept")
             return
-        conn = connect(self.admin_url)
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name)))
-        finally:
-            conn.close()
+        drop_database(self.admin_url, self.name)
 
 
 # -- supervisors ---------------------------------------------------------------------------

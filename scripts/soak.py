@@ -32,7 +32,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
 
@@ -41,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 import awa_pool  # noqa: E402
 from awa_pool import Job  # noqa: E402
+from scriptdb import fresh_database  # noqa: E402
 
 APP = '''
 import time, awa_pool
@@ -62,11 +62,6 @@ def flaky(ctx, **_):
 '''
 
 CLAIM_PATH_TABLES = ("jobs_hot", "queues")
-
-
-def with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
 
 
 def parse_seconds(text: str) -> float:
@@ -204,15 +199,7 @@ def main() -> int:
     parser.add_argument("--out", default="soak", help="output prefix for .csv and .png")
     args = parser.parse_args()
 
-    dsn = with_database(args.database_url, "awa_soak")
-    admin = psycopg2.connect(args.database_url)
-    admin.autocommit = True
-    with admin.cursor() as cur:
-        cur.execute("DROP DATABASE IF EXISTS awa_soak WITH (FORCE)")
-        cur.execute("CREATE DATABASE awa_soak")
-    conn = psycopg2.connect(dsn)
-    awa_pool.migrate(conn)
-    conn.close()
+    dsn = fresh_database(args.database_url, "awa_soak")
 
     app_dir = Path(tempfile.mkdtemp(prefix="awa-soak-"))
     (app_dir / "soak_app.py").write_text(APP)

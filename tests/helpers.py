@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Optional, TypeVar
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, Optional, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
@@ -117,3 +118,16 @@ def record(dsn: str, job_id: int):
         return awa_pool.get_job(conn, job_id)
     finally:
         conn.close()
+
+
+@contextmanager
+def pool_connection(pools: Any, dsn: str, app: str, workers: int = 2) -> Iterator[Any]:
+    """A supervisor running `app`, and a connection to enqueue with; the
+    supervisor must still be alive at the end."""
+    supervisor = pools.start(app=app, workers=workers)
+    conn = psycopg2.connect(dsn)
+    try:
+        yield conn
+    finally:
+        conn.close()
+        assert supervisor.poll() is None, supervisor.log_path.read_text()[-2000:]

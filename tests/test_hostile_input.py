@@ -26,7 +26,7 @@ from psycopg2 import sql as pgsql
 import awa_pool
 from awa_pool import Job, Unique
 from apps.hostile import HOSTILE
-from helpers import count_lines, query, scalar, wait_for
+from helpers import count_lines, pool_connection, query, scalar, wait_for
 
 PACKAGE = Path(__file__).resolve().parent.parent / "awa_pool"
 
@@ -50,13 +50,8 @@ def _wait_done(conn, ids: List[int]) -> List[awa_pool.JobRecord]:
 
 @pytest.fixture
 def hostile_pool(pools, dsn) -> Iterator[psycopg2.extensions.connection]:
-    supervisor = pools.start(app="apps.hostile", workers=2)
-    conn = psycopg2.connect(dsn)
-    try:
+    with pool_connection(pools, dsn, "apps.hostile") as conn:
         yield conn
-    finally:
-        conn.close()
-        assert supervisor.poll() is None, supervisor.log_path.read_text()[-2000:]
 
 
 def test_hostile_names_and_values_round_trip_through_a_real_pool(hostile_pool, dsn) -> None:

@@ -20,7 +20,7 @@ from awa_pool import Job
 from awa_pool.config import QueueConfig, parse_queue_spec
 from awa_pool.errors import ConfigError
 from cli_run import cli
-from helpers import query, scalar, wait_for
+from helpers import pool_connection, query, scalar, wait_for
 
 # -- strategies ----------------------------------------------------------------------------
 
@@ -172,13 +172,8 @@ def test_nesting_too_deep_for_json_is_a_value_error() -> None:
 @pytest.fixture
 def echo_pool(pools, dsn) -> Iterator[psycopg2.extensions.connection]:
     """A supervisor running tests/apps/echo.py, and a connection to enqueue with."""
-    supervisor = pools.start(app="apps.echo", workers=2)
-    conn = psycopg2.connect(dsn)
-    try:
+    with pool_connection(pools, dsn, "apps.echo") as conn:
         yield conn
-    finally:
-        conn.close()
-        assert supervisor.poll() is None, "the supervisor died during the round trips"
 
 
 def _run(conn, job: Job) -> awa_pool.JobRecord:
