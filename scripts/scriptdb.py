@@ -2,6 +2,7 @@
 bench_shards, bench_enqueue)."""
 from __future__ import annotations
 
+from typing import Any, Optional
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
@@ -14,27 +15,27 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
 
 
-def drop_database(server_url: str, name: str) -> None:
-    admin = psycopg2.connect(server_url)
-    admin.autocommit = True
+def _admin(server_url: str, *statements: Any) -> Optional[tuple]:
+    """Run statements outside a transaction; the last one's first row, if any."""
+    conn = psycopg2.connect(server_url)
+    conn.autocommit = True
     try:
-        with admin.cursor() as cur:
-            cur.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        with conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement)
+            return cur.fetchone() if cur.description else None
     finally:
-        admin.close()
+        conn.close()
+
+
+def drop_database(server_url: str, name: str) -> None:
+    _admin(server_url, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def create_database(server_url: str, name: str) -> str:
     """Create database `name`; returns the server's version ("PostgreSQL 18.6")."""
-    admin = psycopg2.connect(server_url)
-    admin.autocommit = True
-    try:
-        with admin.cursor() as cur:
-            cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-            cur.execute("SELECT version()")
-            return cur.fetchone()[0].split(" on ")[0]
-    finally:
-        admin.close()
+    row = _admin(server_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)), "SELECT version()")
+    return row[0].split(" on ")[0]
 
 
 def fresh_database(server_url: str, name: str, *, migrate: bool = True) -> str:
