@@ -518,6 +518,7 @@ class Supervisor:
                 "stats": stats})
 
         self._db("heartbeat", beat)
+        self._sweep_cancels(now)
         if now >= self.next_reconcile:
             self.next_reconcile = now + RECONCILE_INTERVAL_S
             self._reconcile()
@@ -538,6 +539,8 @@ class Supervisor:
         self.next_poll = now + interval * random.uniform(0.9, 1.1)
         for name in self.queues:
             self.has_work[name] = True
+        if not self.listen_ok:
+            self._sweep_cancels(now)
 
     def _refresh_settings(self) -> None:
         def read(cur: Any) -> None:
@@ -561,8 +564,7 @@ class Supervisor:
         if cancels:
             now = time.monotonic()
             for job_id, _lease in cancels:
-                holders = [child for child in self.children.all()
-                           if any(job.id == job_id for job in child.inflight)]
+                holders = self._holders(job_id)
                 if not holders:
                     continue
                 # Any role that can connect may NOTIFY: act only on a cancel
@@ -574,10 +576,32 @@ class Supervisor:
                         log.warning("ignoring a cancel notification for job %d: the job is not cancelled",
                                     job_id)
                     continue
-                for child in holders:
-                    child.status.request_cancel(job_id)
-                    child.cancel_deadline = now + self.config.cancel_grace
-                    log.info("cancel requested for job %d (child %d)", job_id, child.pid)
+                self._relay_cancel(job_id, holders, now)
+
+    def _holders(self, job_id: int) -> List[ChildHandle]:
+        return [child for child in self.children.all() if any(job.id == job_id for job in child.inflight)]
+
+    def _relay_cancel(self, job_id: int, holders: List[ChildHandle], now: float) -> None:
+        for child in holders:
+            if child.status.cancel_requested_for(job_id):
+                continue  # already told
+            child.status.request_cancel(job_id)
+            child.cancel_deadline = now + self.config.cancel_grace
+            log.info("cancel requested for job %d (child %d)", job_id, child.pid)
+
+    def _sweep_cancels(self, now: float) -> None:
+        """Ask the database which jobs held by children were cancelled. A
+        cancel's NOTIFY is lost when no LISTEN session hears it (behind a
+        transaction-mode pooler, or while this supervisor reconnects), so this
+        runs at every heartbeat, after a reconnect, and at every poll when
+        LISTEN does not work."""
+        held = [job.id for child in self.children.all() for job in child.inflight]
+        if not held or self.conn is None:
+            return
+        cancelled = self._db("looking for cancelled jobs", lambda cur: (cur.execute(
+            QUERIES["cancelled_among"], {"ids": held}), [row[0] for row in cur.fetchall()])[1])
+        for job_id in cancelled or ():
+            self._relay_cancel(job_id, self._holders(job_id), now)
 
     # -- dispatch ------------------------------------------------------------------
     def _depth(self, queue: str) -> int:

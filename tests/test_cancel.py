@@ -3,6 +3,8 @@ running handler is told at once, a handler that ignores it loses its child
 after the grace period, and a cancel racing a completion ends consistently."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections import Counter
 
@@ -88,6 +90,35 @@ def test_a_running_handler_sees_cancel_requested_at_once(dsn, pools):
     # it stopped by itself: its child was not killed and ran the next job
     tick = _started(pools.log_dir, "tick", after)
     assert tick[2] == start[2] and _alive(start[2])
+
+
+def test_a_cancel_whose_notify_nobody_heard_still_reaches_the_handler(dsn, pools):
+    """The cancel commits while the supervisor's LISTEN session is gone (as
+    behind a transaction-mode pooler, or mid-reconnect): its NOTIFY reaches
+    nobody, and the supervisor's sweep of its running jobs must relay it."""
+    job_id = enqueue_jobs(dsn, Job("cooperative", {"limit_s": 60}))[0]
+    proc = pools.start(app=APP, workers=1)
+    wait_for(lambda: _started(pools.log_dir, "cooperative_start", job_id), message="the handler")
+    listener = scalar(dsn, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND query LIKE 'LISTEN awa_jobs%%'")
+    assert listener is not None
+
+    os.kill(proc.pid, signal.SIGSTOP)  # so it cannot LISTEN again before the commit
+    try:
+        with connection(dsn) as conn:
+            assert awa_pool.cancel_job(conn, job_id, "nobody heard") == "cancelled"
+            assert scalar(dsn, "SELECT pg_terminate_backend(%s)", (listener,))
+            wait_for(lambda: not scalar(dsn, "SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                                        (listener,)), message="the LISTEN session to end")
+            conn.commit()  # the NOTIFY goes out now, to no listener
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+
+    wait_for(lambda: _started(pools.log_dir, "cooperative_saw_cancel", job_id), timeout=20,
+             message="the handler to see ctx.cancel_requested without a NOTIFY")
+    record = get(dsn, job_id)
+    assert record.state == "cancelled" and record.errors[-1]["error"] == "nobody heard"
+    assert count_lines(pools.log_dir, "cooperative_start") == 1
 
 
 def test_a_handler_that_ignores_cancel_loses_its_child_after_the_grace_period(dsn, pools):

@@ -69,6 +69,11 @@ SELECT name, shards, paused FROM awa.queues WHERE name = ANY(%(names)s)
 -- (any role that can connect may NOTIFY on awa_cancel).
 SELECT EXISTS (SELECT 1 FROM awa.jobs_done WHERE id = %(id)s AND state = 'cancelled')
 
+-- name: cancelled_among
+-- Which of these running jobs were cancelled (the backstop for a cancel
+-- NOTIFY that no LISTEN session heard).
+SELECT id FROM awa.jobs_done WHERE id = ANY (%(ids)s::bigint[]) AND state = 'cancelled'
+
 -- name: register_callback
 -- NULL when the job no longer runs under this lease.
 SELECT awa.register_callback(%(id)s, %(lease)s, %(timeout_s)s)
