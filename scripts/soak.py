@@ -12,8 +12,11 @@ a CSV and, when matplotlib is installed, a PNG plot.
     python scripts/soak.py --minutes 10 --capacity-fraction 0.7 \\
         --retention 60s --out docs/soak
 
-First it measures the no-op capacity of the same supervisors (draining
---calibrate-jobs jobs), unless --rate is given. Exit status 1 when the soak
+First, unless --rate is given, it measures the no-op capacity of the same
+supervisors: by default with the producer flooding them with no-op jobs on
+the same machine for --capacity-seconds (what the machine sustains when
+production and consumption share its cores), or with --capacity drain by
+emptying a pre-filled backlog with the producer idle. Exit status 1 when the soak
 misses its bars: rate held within 5%, p99 pickup under --max-p99-ms in
 every window, dead tuples of the claim-path tables bounded (the peak of the
 second half no higher than --dead-growth times the first half's), and total
@@ -32,6 +35,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 import psycopg2
 
@@ -98,8 +102,9 @@ def count_done(cur) -> int:
     return cur.fetchone()[0]
 
 
-def calibrate(dsn: str, jobs: int) -> float:
-    """No-op jobs/s of the running supervisors, draining a pre-filled backlog."""
+def drain_capacity(dsn: str, jobs: int) -> float:
+    """No-op jobs/s of the running supervisors draining a pre-filled backlog,
+    with nothing else running."""
     conn = psycopg2.connect(dsn)
     with conn:
         for start in range(0, jobs, 1000):
@@ -121,31 +126,79 @@ def calibrate(dsn: str, jobs: int) -> float:
     return (jobs - first) / elapsed
 
 
-def producer(dsn: str, rate: float, stop: threading.Event, counts: dict) -> None:
+def loaded_capacity(dsn: str, seconds: float) -> float:
+    """No-op jobs/s the supervisors finish while the producer floods them
+    with no-op jobs on the same machine: what the machine can sustain when
+    production and consumption share its cores. Completions are counted over
+    the second half of the window (the first fills the backlog); the backlog
+    is drained before returning."""
+    stop = threading.Event()
+    thread = threading.Thread(target=producer, args=(dsn, None, stop, {}, noop_only), daemon=True)
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    cur = conn.cursor()
+    thread.start()
+    try:
+        time.sleep(seconds / 2)
+        before, started = count_done(cur), time.monotonic()
+        time.sleep(seconds / 2)
+        capacity = (count_done(cur) - before) / (time.monotonic() - started)
+    finally:
+        stop.set()
+        thread.join(30)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        cur.execute(SAMPLE_SQL["depth"])
+        available, running, deferred = cur.fetchone()
+        if available + running + deferred == 0:
+            break
+        time.sleep(0.2)
+    else:
+        raise SystemExit("soak: the capacity run's backlog did not drain within 300 s")
+    conn.close()
+    return capacity
+
+
+def job_mix(rng: random.Random) -> Job:
+    roll = rng.random()
+    if roll < 0.85:
+        return Job("soak_noop", queue="soak")
+    if roll < 0.95:
+        return Job("soak_cpu", {"ms": 0.2}, queue="soak")
+    if roll < 0.98:
+        return Job("soak_flaky", queue="soak")
+    return Job("soak_noop", {"scheduled": True}, queue="soak", delay=5)
+
+
+def noop_only(rng: random.Random) -> Job:
+    return Job("soak_noop", queue="soak")
+
+
+def producer(dsn: str, rate: Optional[float], stop: threading.Event, counts: dict,
+             make_job: Callable[[random.Random], Job] = job_mix, tick: float = 0.01) -> None:
+    """Enqueue the mix at `rate` jobs/s, paced on real elapsed time: every
+    `tick` seconds one transaction holds the jobs that fell due since the
+    last one (a producer that commits per job spends the CPU the pool needs
+    on commits and wake-ups). rate None: as fast as it can, 1,000 per
+    transaction."""
     conn = psycopg2.connect(dsn)
     started = time.monotonic()
+    next_tick = started
     sent = 0
     rng = random.Random(7)
     while not stop.is_set():
-        due = int(rate * (time.monotonic() - started))
-        batch = []
-        while sent + len(batch) < due and len(batch) < 2000:
-            roll = rng.random()
-            if roll < 0.85:
-                batch.append(Job("soak_noop", queue="soak"))
-            elif roll < 0.95:
-                batch.append(Job("soak_cpu", {"ms": 0.2}, queue="soak"))
-            elif roll < 0.98:
-                batch.append(Job("soak_flaky", queue="soak"))
-            else:
-                batch.append(Job("soak_noop", {"scheduled": True}, queue="soak", delay=5))
+        if rate is None:
+            due = sent + 1000
+        else:
+            next_tick += tick
+            time.sleep(max(0.0, next_tick - time.monotonic()))
+            due = int(rate * (time.monotonic() - started))
+        batch = [make_job(rng) for _ in range(min(due - sent, 5000))]
         if batch:
             with conn:
                 awa_pool.enqueue_many(conn, batch)
             sent += len(batch)
             counts["sent"] = sent
-        else:
-            time.sleep(0.005)
     conn.close()
 
 
@@ -189,6 +242,11 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--rate", type=float, help="jobs/s (default: capacity x --capacity-fraction)")
     parser.add_argument("--capacity-fraction", type=float, default=0.7)
+    parser.add_argument("--capacity", choices=("loaded", "drain"), default="loaded",
+                        help="how the no-op capacity is measured: 'loaded' (default) with the producer "
+                             "flooding the same machine for --capacity-seconds, 'drain' emptying "
+                             "--calibrate-jobs pre-filled jobs with the producer idle")
+    parser.add_argument("--capacity-seconds", type=float, default=30.0)
     parser.add_argument("--calibrate-jobs", type=int, default=20000)
     parser.add_argument("--supervisors", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2)
@@ -217,9 +275,12 @@ def main() -> int:
     try:
         rate = args.rate
         if rate is None:
-            capacity = calibrate(dsn, args.calibrate_jobs)
+            if args.capacity == "drain":
+                capacity = drain_capacity(dsn, args.calibrate_jobs)
+            else:
+                capacity = loaded_capacity(dsn, args.capacity_seconds)
             rate = capacity * args.capacity_fraction
-            print(f"no-op capacity {capacity:,.0f} jobs/s; soaking at {rate:,.0f} jobs/s "
+            print(f"no-op capacity ({args.capacity}) {capacity:,.0f} jobs/s; soaking at {rate:,.0f} jobs/s "
                   f"({args.capacity_fraction:.0%})", flush=True)
         thread = threading.Thread(target=producer, args=(dsn, rate, stop, counts), daemon=True)
         sample_conn = psycopg2.connect(dsn)
