@@ -25,10 +25,11 @@ import psycopg2
 import psycopg2.extensions
 from tenacity import RetryCallState, wait_exponential, wait_random
 
-from . import dispatcher, fetcher
+from .cancels import CancelRelay
 from .child import EXIT_HOOK_FAILED
 from .children import ChildHandle, Children
 from .completer import BackgroundCompleter
+from .claimer import Claimer
 from .config import PoolConfig, QueueConfig
 from .db import close_quietly, connect, describe, first_line, is_connection_error, socket_of
 from .errors import AwaError, ConfigError
@@ -40,17 +41,13 @@ from .periodic_admin import register_schedules
 from .protocol import PROGRESS, REPLY, REQUEST, Outcome
 from .requests import answer as answer_request
 from .sql import QUERIES
-from .tasks import all_tasks, import_app, registered
+from .tasks import all_tasks, import_app
 from .version import __version__
 
 log = logging.getLogger(__name__)
 
 STARTING, RUNNING, DRAINING, STOPPING, STOPPED = "starting", "running", "draining", "stopping", "stopped"
-TARGET_BATCH_S = 0.004       # a child's batch of short jobs should take about this long
-LEASE_COUNTER_BITS = 40       # leases: supervisor id above, claim counter below
 TAKE_BACK_AFTER_S = 0.1      # jobs queued behind one running longer than this are taken back
-PREFETCH_BELOW_S = 0.05      # queue a child's next batch early only for jobs shorter than this
-EWMA_ALPHA = 0.2
 SETTINGS_REFRESH_S = 5.0
 RECONCILE_INTERVAL_S = 30.0
 FINAL_FLUSH_TIMEOUT_S = 10.0
@@ -71,15 +68,12 @@ class Supervisor:
         self.children = Children(config.workers, result_max_bytes=config.result_max_bytes,
                                  max_tasks_per_child=config.max_tasks_per_child,
                                  inherited_fds=self._inherited_fds)
+        self.cancels = CancelRelay(self.children, config.cancel_grace, self._db)
         self.selector = selectors.DefaultSelector()
         self.writing: Set[int] = set()  # child pipes watched for writability (outbox pending)
         self.queues: Dict[str, QueueConfig] = {}
-        self.has_work: Dict[str, bool] = {}
-        self.blocked_until: Dict[str, float] = {}
-        self.job_seconds: Dict[str, float] = {}
-        self.shards: Dict[str, int] = {}
-        self.lane_cursor = random.randrange(1 << 16)
-        self.claims = 0
+        self.claimer = Claimer(config, self.children, self._db, lambda: self.conn is not None,
+                               self._claimed)
         self.leader: Optional[Leader] = None
         self.signals: List[int] = []
         self.wakeup_r = self.wakeup_w = -1
@@ -117,8 +111,6 @@ class Supervisor:
         if self.config.app:
             import_app(self.config.app)
         self.queues = self._served_queues()
-        for name in self.queues:
-            self.has_work[name] = True
         self.conn = self._connect_at_start()
         require_current(self.conn)
         with self.conn.cursor() as cur:
@@ -126,6 +118,7 @@ class Supervisor:
                 "hostname": self.hostname, "pid": self.pid, "version": __version__,
                 "queues": sorted(self.queues), "workers": self.config.workers})
             self.supervisor_id = cur.fetchone()[0]
+            self.claimer.start(self.queues, self.supervisor_id)
             # The registration above committed synchronously (its id seeds
             # every lease this supervisor hands out); from here on the
             # session's writes need not wait for fsync (see worker_session).
@@ -260,7 +253,7 @@ class Supervisor:
         # Dispatch before the periodic writes: a job woken by NOTIFY must not
         # wait behind a heartbeat's round trip.
         if self.state == RUNNING and self.conn is not None:
-            self._dispatch()
+            self.claimer.hand_out()
         if now >= self.next_heartbeat and self.conn is not None:
             self._heartbeat(now)
         if now >= self.next_settings and self.conn is not None:
@@ -322,10 +315,7 @@ class Supervisor:
 
     def _record_outcome(self, queue: Optional[str], outcome: Outcome) -> None:
         if queue and outcome.outcome in ("completed", "failed", "retry", "snooze", "cancel"):
-            previous = self.job_seconds.get(queue)
-            value = outcome.wall_s
-            self.job_seconds[queue] = value if previous is None else (
-                previous + EWMA_ALPHA * (value - previous))
+            self.claimer.record_job_time(queue, outcome.wall_s)
         self.completer.add(outcome)
         self._count(outcome.outcome)
         if self.on_outcome is not None:
@@ -386,11 +376,7 @@ class Supervisor:
                     continue
                 if now - started > TAKE_BACK_AFTER_S and child.inflight[-1].id != job_id:
                     self._take_back(child, f"job {job_id} runs long")
-            if child.cancel_deadline is not None and now >= child.cancel_deadline:
-                if job_id and child.status.cancel_requested_for(job_id):
-                    self.children.kill(child, "released", "cancelled: the handler did not stop "
-                                                          "within the grace period")
-                child.cancel_deadline = None
+            self.cancels.enforce_grace(child, job_id, now)
 
     def _take_back(self, child: ChildHandle, why: str) -> None:
         """Put the jobs queued in a child that have not started back in the
@@ -407,7 +393,7 @@ class Supervisor:
         for job in stolen:
             self.completer.add(Outcome(job.id, job.lease, "released"))
         if stolen:
-            self.has_work[stolen[0].queue] = True
+            self.claimer.wake({stolen[0].queue})
             self._count("taken_back")
             log.debug("took back %d queued job(s) from child %d (%s)", len(stolen), child.pid, why)
 
@@ -484,8 +470,7 @@ class Supervisor:
         self.db_lost_at = None
         log.info("reconnected to the database after %.1fs", outage)
         self._event("db_reconnected", {"outage_s": round(outage, 3)})
-        for name in self.queues:
-            self.has_work[name] = True
+        self.claimer.wake()
         self._reconcile()
         self.next_heartbeat = now
 
@@ -518,7 +503,7 @@ class Supervisor:
                 "stats": stats})
 
         self._db("heartbeat", beat)
-        self._sweep_cancels(now)
+        self.cancels.sweep(now)
         if now >= self.next_reconcile:
             self.next_reconcile = now + RECONCILE_INTERVAL_S
             self._reconcile()
@@ -537,18 +522,17 @@ class Supervisor:
     def _poll(self, now: float) -> None:
         interval = self.config.poll_interval if self.listen_ok else min(self.config.poll_interval, 0.2)
         self.next_poll = now + interval * random.uniform(0.9, 1.1)
-        for name in self.queues:
-            self.has_work[name] = True
+        self.claimer.wake()
         if not self.listen_ok:
-            self._sweep_cancels(now)
+            self.cancels.sweep(now)
 
     def _refresh_settings(self) -> None:
         def read(cur: Any) -> None:
             cur.execute(QUERIES["queue_settings"], {"names": sorted(self.queues)})
             for name, shards, paused in cur.fetchall():
-                self.shards[name] = shards
+                self.claimer.shards[name] = shards
                 if paused:
-                    self.has_work[name] = False
+                    self.claimer.has_work[name] = False
 
         self._db("reading queue settings", read)
 
@@ -558,177 +542,9 @@ class Supervisor:
         except psycopg2.Error as exc:
             self._lost_db(exc)
             return
-        for name in queues:
-            if name in self.queues:
-                self.has_work[name] = True
+        self.claimer.wake(queues)
         if cancels:
-            now = time.monotonic()
-            for job_id, _lease in cancels:
-                holders = self._holders(job_id)
-                if not holders:
-                    continue
-                # Any role that can connect may NOTIFY: act only on a cancel
-                # the database confirms (awa.cancel_job commits, then notifies).
-                confirmed = self._db("confirming a cancel request", lambda cur: (
-                    cur.execute(QUERIES["job_cancelled"], {"id": job_id}), cur.fetchone()[0])[1])
-                if not confirmed:
-                    if confirmed is not None:
-                        log.warning("ignoring a cancel notification for job %d: the job is not cancelled",
-                                    job_id)
-                    continue
-                self._relay_cancel(job_id, holders, now)
-
-    def _holders(self, job_id: int) -> List[ChildHandle]:
-        return [child for child in self.children.all() if any(job.id == job_id for job in child.inflight)]
-
-    def _relay_cancel(self, job_id: int, holders: List[ChildHandle], now: float) -> None:
-        for child in holders:
-            if child.status.cancel_requested_for(job_id):
-                continue  # already told
-            child.status.request_cancel(job_id)
-            child.cancel_deadline = now + self.config.cancel_grace
-            log.info("cancel requested for job %d (child %d)", job_id, child.pid)
-
-    def _sweep_cancels(self, now: float) -> None:
-        """Ask the database which jobs held by children were cancelled. A
-        cancel's NOTIFY is lost when no LISTEN session hears it (behind a
-        transaction-mode pooler, or while this supervisor reconnects), so this
-        runs at every heartbeat, after a reconnect, and at every poll when
-        LISTEN does not work."""
-        held = [job.id for child in self.children.all() for job in child.inflight]
-        if not held or self.conn is None:
-            return
-        cancelled = self._db("looking for cancelled jobs", lambda cur: (cur.execute(
-            QUERIES["cancelled_among"], {"ids": held}), [row[0] for row in cur.fetchall()])[1])
-        for job_id in cancelled or ():
-            self._relay_cancel(job_id, self._holders(job_id), now)
-
-    # -- dispatch ------------------------------------------------------------------
-    def _depth(self, queue: str) -> int:
-        seconds = self.job_seconds.get(queue)
-        if seconds is None:
-            return 1
-        return max(1, min(self.config.max_batch_per_child, int(TARGET_BATCH_S / max(seconds, 1e-6))))
-
-    def _next_lease(self) -> int:
-        """A lease no other claim ever gets: this supervisor's id (from a
-        sequence, committed durably at registration) and a claim counter."""
-        self.claims += 1
-        return (self.supervisor_id << LEASE_COUNTER_BITS) | self.claims
-
-    def _lane(self, queue: str) -> int:
-        shards = self.shards.get(queue, 1)
-        if shards <= 1:
-            return 0
-        self.lane_cursor += 1
-        return self.lane_cursor % shards
-
-    def _dispatch(self) -> None:
-        """Hand idle children to queues with work: plan, claim, assign. Plans
-        again at once while a round leaves children idle and some queue may
-        still have work (an empty claim clears that queue's flag). Then queue
-        a next batch behind children half-way through a batch of short jobs,
-        so they never wait for a claim between batches."""
-        for _ in range(len(self.queues) + 1):
-            idle = self.children.idle()
-            if not idle or self.conn is None:
-                break
-            now = time.monotonic()
-            blocked = self._blocked(now)
-            demand = [name for name, flag in self.has_work.items() if flag]
-            plan = dispatcher.plan(len(idle), self.config.workers, self.queues,
-                                   self.children.busy_by_queue(), demand, blocked)
-            if not plan:
-                break
-            assigned = 0
-            free = iter(idle)
-            for name, count in plan.items():
-                got = self._fill(name, [next(free) for _ in range(count)], now)
-                if got is None:
-                    return
-                assigned += got
-            if assigned == len(idle):
-                break
-        if self.conn is not None:
-            self._refill(time.monotonic())
-
-    def _refill(self, now: float) -> None:
-        wanting: Dict[str, List[ChildHandle]] = {}
-        for child in self.children.all():
-            if (child.refill_wanted and child.inflight and not child.stopping and child.kill_reason is None
-                    and child.tasks_left > 0
-                    and self.children.should_recycle(child, self.config.max_memory_per_child) is None):
-                wanting.setdefault(child.inflight[-1].queue, []).append(child)
-        if not wanting:
-            return
-        blocked = self._blocked(now)
-        busy = self.children.busy_by_queue()
-        demand = {name for name, flag in self.has_work.items() if flag and name not in blocked}
-        share = dispatcher.entitlements(self.config.workers, self.queues,
-                                        demand | {name for name, n in busy.items() if n})
-        for name, kids in wanting.items():
-            if name not in demand or self.job_seconds.get(name, 1.0) >= PREFETCH_BELOW_S:
-                continue  # nothing to take, or jobs too long to queue ahead
-            if busy.get(name, 0) > share.get(name, 0):
-                continue  # over its share: let these children free up for other queues
-            if self._fill(name, kids, now) is None:
-                return
-
-    def _fill(self, name: str, kids: List[ChildHandle], now: float) -> Optional[int]:
-        """Claim one batch for each of these children in one round trip and
-        send it; returns how many got work (None: the database was lost)."""
-        depth = self._depth(name)
-        # a child due for recycling takes no more jobs than it has left
-        caps = [max(1, min(depth, child.tasks_left)) for child in kids]
-        rows = self._claim(name, sum(caps), now)
-        if rows is None:
-            return None
-        offset = given = 0
-        for index, child in enumerate(kids):
-            left = len(rows) - offset
-            if left <= 0:
-                break
-            take = min(caps[index], -(-left // (len(kids) - index)))  # spread evenly
-            batch = rows[offset:offset + take]
-            offset += take
-            self.children.assign(child, name, batch, [self._timeout_of(row) for row in batch])
-            given += 1
-        return given
-
-    def _blocked(self, now: float) -> set:
-        return {name for name, until in self.blocked_until.items() if until > now}
-
-    def _claim(self, name: str, want: int, now: float) -> Optional[List[tuple]]:
-        """Claim up to `want` jobs of a queue (trying lanes of a sharded
-        queue); None when the database connection was lost."""
-        queue = self.queues[name]
-        rows: List[tuple] = []
-        for _ in range(self.shards.get(name, 1)):
-            lane = self._lane(name)
-            got = self._db(f"claiming from {name}", lambda cur: fetcher.claim(
-                cur, queue=name, limit=want - len(rows), supervisor_id=self.supervisor_id,
-                aging_s=queue.aging, lane=lane, lease=self._next_lease()))
-            if got is None:
-                if self.conn is None:
-                    return None
-                self.blocked_until[name] = now + 1.0  # a failing claim: back off this queue
-                return rows
-            rows.extend(got)
-            if got and self.on_claim is not None:
-                self.on_claim(name, got)
-            if len(rows) >= want:
-                return rows
-        if queue.rate is not None:
-            self.blocked_until[name] = now + min(1.0, max(0.01, 1.0 / queue.rate))
-        else:
-            self.has_work[name] = False
-        return rows
-
-    def _timeout_of(self, row: tuple) -> Optional[float]:
-        if row[8] is not None:
-            return row[8]
-        declared = registered(row[1])
-        return declared.timeout if declared is not None else None
+            self.cancels.on_notified(cancels, time.monotonic())
 
     # -- signals and shutdown ------------------------------------------------------
     def _drain_wakeup(self) -> None:
@@ -837,6 +653,10 @@ class Supervisor:
         self.selector.close()
         if self.state == STOPPED:
             log.info("supervisor %s stopped", self.supervisor_id)
+
+    def _claimed(self, queue: str, rows: List[tuple]) -> None:
+        if self.on_claim is not None:
+            self.on_claim(queue, rows)
 
     # -- observability hooks ----------------------------------------------------
     def _count(self, name: str) -> None:

@@ -1,0 +1,186 @@
+"""Handing out work: which queues the idle children serve, claiming one
+batch per queue plan in one round trip, spreading it over the children, and
+queueing a next batch behind children that run short jobs so they never wait
+for a claim. The supervisor owns the loop and the connection; this owns the
+per-queue state the claims depend on (work flags, back-offs, job times,
+shards, the lease counter).
+"""
+from __future__ import annotations
+
+import random
+import time
+from typing import Any, Callable, Dict, List, Optional, Set
+
+from . import dispatcher, fetcher
+from .children import ChildHandle, Children
+from .config import PoolConfig, QueueConfig
+from .tasks import registered
+
+TARGET_BATCH_S = 0.004       # a child's batch of short jobs should take about this long
+LEASE_COUNTER_BITS = 40       # leases: supervisor id above, claim counter below
+PREFETCH_BELOW_S = 0.05      # queue a child's next batch early only for jobs shorter than this
+EWMA_ALPHA = 0.2
+
+# The supervisor's "run fn(cursor), or log and return None" (Supervisor._db).
+Db = Callable[[str, Callable[[Any], Any]], Any]
+
+
+class Claimer:
+    def __init__(self, config: PoolConfig, children: Children, db: Db,
+                 connected: Callable[[], bool], on_claimed: Callable[[str, List[tuple]], None]) -> None:
+        self.config = config
+        self.children = children
+        self.db = db
+        self.connected = connected
+        self.on_claimed = on_claimed
+        self.supervisor_id = 0
+        self.queues: Dict[str, QueueConfig] = {}
+        self.has_work: Dict[str, bool] = {}
+        self.blocked_until: Dict[str, float] = {}
+        self.job_seconds: Dict[str, float] = {}
+        self.shards: Dict[str, int] = {}
+        self.lane_cursor = random.randrange(1 << 16)
+        self.claims = 0
+
+    def start(self, queues: Dict[str, QueueConfig], supervisor_id: int) -> None:
+        self.queues = queues
+        self.supervisor_id = supervisor_id
+        self.wake()
+
+    def wake(self, names: Optional[Set[str]] = None) -> None:
+        """Mark queues as possibly having work (all of them by default)."""
+        for name in self.queues if names is None else names:
+            if name in self.queues:
+                self.has_work[name] = True
+
+    def record_job_time(self, queue: str, seconds: float) -> None:
+        """Fold a job's wall time into the queue's moving average (it sizes batches)."""
+        previous = self.job_seconds.get(queue)
+        self.job_seconds[queue] = seconds if previous is None else (
+            previous + EWMA_ALPHA * (seconds - previous))
+
+    def _depth(self, queue: str) -> int:
+        seconds = self.job_seconds.get(queue)
+        if seconds is None:
+            return 1
+        return max(1, min(self.config.max_batch_per_child, int(TARGET_BATCH_S / max(seconds, 1e-6))))
+
+    def _next_lease(self) -> int:
+        """A lease no other claim ever gets: this supervisor's id (from a
+        sequence, committed durably at registration) and a claim counter."""
+        self.claims += 1
+        return (self.supervisor_id << LEASE_COUNTER_BITS) | self.claims
+
+    def _lane(self, queue: str) -> int:
+        shards = self.shards.get(queue, 1)
+        if shards <= 1:
+            return 0
+        self.lane_cursor += 1
+        return self.lane_cursor % shards
+
+    def hand_out(self) -> None:
+        """Hand idle children to queues with work: plan, claim, assign. Plans
+        again at once while a round leaves children idle and some queue may
+        still have work (an empty claim clears that queue's flag). Then queue
+        a next batch behind children half-way through a batch of short jobs,
+        so they never wait for a claim between batches."""
+        for _ in range(len(self.queues) + 1):
+            idle = self.children.idle()
+            if not idle or not self.connected():
+                break
+            now = time.monotonic()
+            blocked = self._blocked(now)
+            demand = [name for name, flag in self.has_work.items() if flag]
+            plan = dispatcher.plan(len(idle), self.config.workers, self.queues,
+                                   self.children.busy_by_queue(), demand, blocked)
+            if not plan:
+                break
+            assigned = 0
+            free = iter(idle)
+            for name, count in plan.items():
+                got = self._fill(name, [next(free) for _ in range(count)], now)
+                if got is None:
+                    return
+                assigned += got
+            if assigned == len(idle):
+                break
+        if self.connected():
+            self._refill(time.monotonic())
+
+    def _refill(self, now: float) -> None:
+        wanting: Dict[str, List[ChildHandle]] = {}
+        for child in self.children.all():
+            if (child.refill_wanted and child.inflight and not child.stopping and child.kill_reason is None
+                    and child.tasks_left > 0
+                    and self.children.should_recycle(child, self.config.max_memory_per_child) is None):
+                wanting.setdefault(child.inflight[-1].queue, []).append(child)
+        if not wanting:
+            return
+        blocked = self._blocked(now)
+        busy = self.children.busy_by_queue()
+        demand = {name for name, flag in self.has_work.items() if flag and name not in blocked}
+        share = dispatcher.entitlements(self.config.workers, self.queues,
+                                        demand | {name for name, n in busy.items() if n})
+        for name, kids in wanting.items():
+            if name not in demand or self.job_seconds.get(name, 1.0) >= PREFETCH_BELOW_S:
+                continue  # nothing to take, or jobs too long to queue ahead
+            if busy.get(name, 0) > share.get(name, 0):
+                continue  # over its share: let these children free up for other queues
+            if self._fill(name, kids, now) is None:
+                return
+
+    def _fill(self, name: str, kids: List[ChildHandle], now: float) -> Optional[int]:
+        """Claim one batch for each of these children in one round trip and
+        send it; returns how many got work (None: the database was lost)."""
+        depth = self._depth(name)
+        # a child due for recycling takes no more jobs than it has left
+        caps = [max(1, min(depth, child.tasks_left)) for child in kids]
+        rows = self._claim(name, sum(caps), now)
+        if rows is None:
+            return None
+        offset = given = 0
+        for index, child in enumerate(kids):
+            left = len(rows) - offset
+            if left <= 0:
+                break
+            take = min(caps[index], -(-left // (len(kids) - index)))  # spread evenly
+            batch = rows[offset:offset + take]
+            offset += take
+            self.children.assign(child, name, batch, [self._timeout_of(row) for row in batch])
+            given += 1
+        return given
+
+    def _blocked(self, now: float) -> Set[str]:
+        return {name for name, until in self.blocked_until.items() if until > now}
+
+    def _claim(self, name: str, want: int, now: float) -> Optional[List[tuple]]:
+        """Claim up to `want` jobs of a queue (trying lanes of a sharded
+        queue); None when the database connection was lost."""
+        queue = self.queues[name]
+        rows: List[tuple] = []
+        for _ in range(self.shards.get(name, 1)):
+            lane = self._lane(name)
+            got = self.db(f"claiming from {name}", lambda cur: fetcher.claim(
+                cur, queue=name, limit=want - len(rows), supervisor_id=self.supervisor_id,
+                aging_s=queue.aging, lane=lane, lease=self._next_lease()))
+            if got is None:
+                if not self.connected():
+                    return None
+                self.blocked_until[name] = now + 1.0  # a failing claim: back off this queue
+                return rows
+            rows.extend(got)
+            if got:
+                self.on_claimed(name, got)
+            if len(rows) >= want:
+                return rows
+        if queue.rate is not None:
+            self.blocked_until[name] = now + min(1.0, max(0.01, 1.0 / queue.rate))
+        else:
+            self.has_work[name] = False
+        return rows
+
+    def _timeout_of(self, row: tuple) -> Optional[float]:
+        if row[8] is not None:
+            return row[8]
+        declared = registered(row[1])
+        return declared.timeout if declared is not None else None
