@@ -41,7 +41,7 @@ def make_role(dsn: str) -> Iterator[Callable[..., str]]:
 
     def make(prefix: str = "awa_role") -> str:
         name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-        _admin(dsn, sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+        query(dsn, sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
         created.append(name)
         return name
 
@@ -50,21 +50,10 @@ def make_role(dsn: str) -> Iterator[Callable[..., str]]:
         _drop_role(dsn, name)
 
 
-def _admin(dsn: str, *statements) -> None:
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    try:
-        with conn.cursor() as cur:
-            for statement in statements:
-                cur.execute(statement)
-    finally:
-        conn.close()
-
-
 def _drop_role(dsn: str, name: str) -> None:
     query(dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
-    _admin(dsn, sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)),
-           sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+    query(dsn, sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+    query(dsn, sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
 
 
 def _grant(dsn: str, role: str, profile: str) -> None:
@@ -325,7 +314,7 @@ def test_unknown_role_is_a_clear_error(dsn) -> None:
 
 def test_role_names_are_quoted_not_interpolated(dsn) -> None:
     name = f'we"ird; DROP TABLE awa.jobs_hot; -- {uuid.uuid4().hex[:6]}'
-    _admin(dsn, sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+    query(dsn, sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
     try:
         conn = psycopg2.connect(dsn)
         try:
