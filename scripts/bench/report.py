@@ -58,7 +58,8 @@ def main(paths):
                 other = (f"incl. startup {fmt(e, 'jobs_per_s_incl_startup')}/s; "
                          f"startup {fmt(e, 'startup_s', '{:.2f}')} s")
             elif w == "W3":
-                other = (f"×ideal {fmt(e, 'ideal_ratio', '{:.2f}')}; busy {fmt(e, 'busy_ratio', '{:.2f}')}; "
+                other = (f"×ideal {fmt(e, 'ideal_ratio', '{:.2f}')}; ×bare {fmt(e, 'bare_ratio', '{:.2f}')} "
+                         f"(bare {fmt(e, 'bare_jobs_per_s', '{:.1f}')}/s); busy {fmt(e, 'busy_ratio', '{:.2f}')}; "
                          f"in-run job {fmt(e, 'mean_job_ms', '{:.1f}')} ms")
             elif w == "W4":
                 other = (f"p50 {fmt(e, 'latency_ms.p50', '{:.1f}')}, p95 {fmt(e, 'latency_ms.p95', '{:.1f}')}, "
