@@ -12,7 +12,7 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import psycopg2
 
@@ -225,9 +225,12 @@ class BackgroundCompleter:
         self.thread = threading.Thread(target=self._run, name="awa-pool-completer", daemon=True)
         self.thread.start()
 
-    def add(self, outcome: Outcome) -> None:
+    def add(self, outcomes: Iterable[Outcome]) -> None:
+        """Buffer outcomes for the next flush: one lock and one wake-up for
+        all of them (a child reports a batch at a time)."""
         with self.lock:
-            self.buffer.add(outcome)
+            for outcome in outcomes:
+                self.buffer.add(outcome)
         self.wakeup.set()
 
     def add_progress(self, job_id: int, lease: int, progress_json: str) -> None:

@@ -157,18 +157,23 @@ def recv_blocking(fd: int) -> Optional[Tuple[Any, ...]]:
 class FrameReader:
     """Non-blocking reader: feed it what the pipe has, get whole messages."""
 
-    __slots__ = ("fd", "buffer", "eof")
+    __slots__ = ("fd", "buffer", "eof", "scratch")
+
+    READ_BYTES = 1 << 18
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.buffer = bytearray()
         self.eof = False
+        # Reads land in this reused buffer: os.read would allocate (and
+        # shrink) a fresh bytes object of the full read size on every call.
+        self.scratch = memoryview(bytearray(self.READ_BYTES))
 
     def read_available(self) -> List[Tuple[Any, ...]]:
         """Drain the pipe (it must be non-blocking) and parse complete frames."""
         while True:
             try:
-                chunk = os.read(self.fd, 1 << 20)
+                got = os.readv(self.fd, [self.scratch])
             except BlockingIOError:
                 break
             except InterruptedError:
@@ -178,11 +183,11 @@ class FrameReader:
                     self.eof = True
                     break
                 raise
-            if not chunk:
+            if not got:
                 self.eof = True
                 break
-            self.buffer += chunk
-            if len(chunk) < (1 << 20):
+            self.buffer += self.scratch[:got]
+            if got < self.READ_BYTES:
                 break
         return self._parse()
 

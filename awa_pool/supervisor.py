@@ -298,8 +298,8 @@ class Supervisor:
         if child.slot not in self.children.by_slot or self.children.by_slot[child.slot] is not child:
             return
         outcomes, others = self.children.read(child)
-        for outcome in outcomes:
-            self._record_outcome(child.queue, outcome)
+        if outcomes:
+            self._record_outcomes(child.queue, outcomes)
         for message in others:
             if message[0] == PROGRESS:
                 self.completer.add_progress(message[1], message[2], message[3])
@@ -313,13 +313,14 @@ class Supervisor:
                 self._event("recycle", {"pid": child.pid, "reason": reason})
                 self.children.stop(child)
 
-    def _record_outcome(self, queue: Optional[str], outcome: Outcome) -> None:
-        if queue and outcome.outcome in ("completed", "failed", "retry", "snooze", "cancel"):
-            self.claimer.record_job_time(queue, outcome.wall_s)
-        self.completer.add(outcome)
-        self._count(outcome.outcome)
-        if self.on_outcome is not None:
-            self.on_outcome(queue or "", outcome)
+    def _record_outcomes(self, queue: Optional[str], outcomes: List[Outcome]) -> None:
+        self.completer.add(outcomes)
+        for outcome in outcomes:
+            if queue and outcome.outcome in ("completed", "failed", "retry", "snooze", "cancel"):
+                self.claimer.record_job_time(queue, outcome.wall_s)
+            self._count(outcome.outcome)
+            if self.on_outcome is not None:
+                self.on_outcome(queue or "", outcome)
 
     def _on_child_exit(self, child: ChildHandle) -> None:
         if self.children.by_slot.get(child.slot) is not child:
@@ -334,8 +335,7 @@ class Supervisor:
         killed = child.kill_reason
         queue = child.queue
         outcomes, exitcode, cause = self.children.reap(child)
-        for outcome in outcomes:
-            self._record_outcome(queue, outcome)
+        self._record_outcomes(queue, outcomes)
         if exitcode == EXIT_HOOK_FAILED:
             self.fatal = "an on_child_start hook failed in a new child (see its traceback above)"
             log.error("%s; stopping instead of respawning", self.fatal)
@@ -390,8 +390,7 @@ class Supervisor:
         stolen = [job for job in child.inflight if job.position >= first]
         child.inflight = [job for job in child.inflight if job.position < first]
         child.refill_wanted = False
-        for job in stolen:
-            self.completer.add(Outcome(job.id, job.lease, "released"))
+        self.completer.add([Outcome(job.id, job.lease, "released") for job in stolen])
         if stolen:
             self.claimer.wake({stolen[0].queue})
             self._count("taken_back")
@@ -489,8 +488,7 @@ class Supervisor:
                    if held.get(job_id) != lease and job_id not in pending]
         if orphans:
             log.warning("releasing %d job(s) claimed by this supervisor but held by no child", len(orphans))
-            for job_id, lease in orphans:
-                self.completer.add(Outcome(job_id, lease, "released"))
+            self.completer.add([Outcome(job_id, lease, "released") for job_id, lease in orphans])
 
     def _heartbeat(self, now: float) -> None:
         self.next_heartbeat = now + self.config.heartbeat_interval
