@@ -228,10 +228,13 @@ class BackgroundCompleter:
     def add(self, outcomes: Iterable[Outcome]) -> None:
         """Buffer outcomes for the next flush: one lock and one wake-up for
         all of them (a child reports a batch at a time)."""
+        added = 0
         with self.lock:
             for outcome in outcomes:
                 self.buffer.add(outcome)
-        self.wakeup.set()
+                added += 1
+        if added:
+            self.wakeup.set()
 
     def add_progress(self, job_id: int, lease: int, progress_json: str) -> None:
         with self.lock:
