@@ -58,6 +58,7 @@ class ChildHandle:
     cancel_deadline: Optional[float] = None
     next_position: int = 0         # stream position of the next job sent to it
     refill_wanted: bool = False    # half its batch has started: queue the next one
+    shortest_timeout: Optional[float] = None  # of the jobs sent since it was last idle
 
     @property
     def tasks_left(self) -> int:
@@ -201,6 +202,9 @@ class Children:
                               for i, (row, timeout) in enumerate(zip(rows, timeouts)))
         child.next_position = start + len(rows)
         child.refill_wanted = False
+        shortest = min((t for t in timeouts if t), default=None)
+        if shortest is not None and (child.shortest_timeout is None or shortest < child.shortest_timeout):
+            child.shortest_timeout = shortest
         if not self.post(child, *((RUN, frame) for frame in _frames(rows))):
             # It died since it reported idle; the reaper releases these jobs
             # (none of them started) when its sentinel fires.
@@ -237,6 +241,7 @@ class Children:
                 child.inflight = [job for job in child.inflight if job.id not in done_ids]
                 if not child.inflight:
                     child.refill_wanted = False  # idle: the planner hands it out again
+                    child.shortest_timeout = None
                 child.tasks_done += sum(1 for o in reported if o.outcome != "released")
                 outcomes.extend(reported)
             elif tag == READY:

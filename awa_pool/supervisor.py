@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import random
 import selectors
@@ -285,10 +286,7 @@ class Supervisor:
         candidates = [self.next_heartbeat, self.next_poll]
         if self.conn is None:
             candidates.append(self.reconnect_at)
-        for child in self.children.all():
-            if child.busy:
-                candidates.append(now + 0.05)  # timeouts and cancel graces are checked at 20 Hz
-                break
+        candidates.append(self._next_child_check(now))
         if self.state in (DRAINING, STOPPING):
             candidates.append(now + 0.05)
         return max(0.0, min(candidates) - now)
@@ -377,6 +375,29 @@ class Supervisor:
                 if now - started > TAKE_BACK_AFTER_S and child.inflight[-1].id != job_id:
                     self._take_back(child, f"job {job_id} runs long")
             self.cancels.enforce_grace(child, job_id, now)
+
+    def _next_child_check(self, now: float) -> float:
+        """When _enforce_deadlines may next have something to do: a running
+        job's timeout, the take-back of jobs queued behind it, a cancel's
+        grace. A job that has not started yet starts no earlier than now, so
+        its bounds are never late; waking early only means checking again."""
+        due = math.inf
+        for child in self.children.all():
+            if not child.busy or child.kill_reason is not None:
+                continue
+            job_id, started = child.running_job()
+            if child.shortest_timeout:
+                due = min(due, now + child.shortest_timeout)  # jobs still queued in it
+                running = next((j for j in child.inflight if j.id == job_id), None) if job_id else None
+                if running is not None and running.timeout_s:
+                    due = min(due, started + running.timeout_s)
+            if len(child.inflight) > 1:
+                due = min(due, (started if job_id else now) + TAKE_BACK_AFTER_S)
+            if child.cancel_deadline is not None:
+                due = min(due, child.cancel_deadline)
+        # Overdue: acted on right after this wait; should acting fail (a
+        # take-back finding the child's status locked) it is retried, not spun on.
+        return due if due > now else now + 0.02
 
     def _take_back(self, child: ChildHandle, why: str) -> None:
         """Put the jobs queued in a child that have not started back in the
