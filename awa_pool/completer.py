@@ -33,6 +33,17 @@ def _array(values) -> str:
     return "{" + ",".join("NULL" if v is None else repr(v) for v in values) + "}"
 
 
+def _extra_json(o: Outcome) -> Optional[str]:
+    """A completion's result and final progress as a JSON object (already
+    JSON text from the child), None when it has neither."""
+    fields = []
+    if o.result is not None:
+        fields.append('"result":' + o.result)
+    if o.progress is not None:
+        fields.append('"progress":' + o.progress)
+    return "{" + ",".join(fields) + "}" if fields else None
+
+
 class Completer:
     def __init__(self, max_crashes: int) -> None:
         self.max_crashes = max_crashes
@@ -95,22 +106,26 @@ class Completer:
 
     def _flush_completed(self, cur: Any) -> List[Tuple[int, str]]:
         batch = self.completed
-        extras = []
-        for o in batch:
-            if o.result is not None or o.progress is not None:
-                fields = []
-                if o.result is not None:
-                    fields.append('"result":' + o.result)
-                if o.progress is not None:
-                    fields.append('"progress":' + o.progress)
-                extras.append('"%d":{%s}' % (o.job_id, ",".join(fields)))
-        params = {
-            "ids": _array(o.job_id for o in batch), "leases": _array(o.lease for o in batch),
-            "wall": _array(round(o.wall_s, 6) for o in batch), "cpu": _array(round(o.cpu_s, 6) for o in batch),
-            "rss": _array(o.peak_rss for o in batch), "extra": "{" + ",".join(extras) + "}",
-        }
+        if len(batch) == 1:
+            o = batch[0]
+            statement = QUERIES["complete_job"]
+            params = {"id": o.job_id, "lease": o.lease, "wall": round(o.wall_s, 6),
+                      "cpu": round(o.cpu_s, 6), "rss": o.peak_rss, "extra": _extra_json(o)}
+        else:
+            extras = []
+            for o in batch:
+                extra = _extra_json(o)
+                if extra is not None:
+                    extras.append('"%d":%s' % (o.job_id, extra))
+            statement = QUERIES["complete_jobs"]
+            params = {
+                "ids": _array(o.job_id for o in batch), "leases": _array(o.lease for o in batch),
+                "wall": _array(round(o.wall_s, 6) for o in batch),
+                "cpu": _array(round(o.cpu_s, 6) for o in batch),
+                "rss": _array(o.peak_rss for o in batch), "extra": "{" + ",".join(extras) + "}",
+            }
         try:
-            cur.execute(QUERIES["complete_jobs"], params)
+            cur.execute(statement, params)
         except psycopg2.Error as exc:
             if is_connection_error(exc):
                 raise

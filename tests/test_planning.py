@@ -72,3 +72,32 @@ def test_complete_reads_only_the_jobs_it_completes_after_the_table_fills(dsn: st
         assert rows_read_by(conn, COMPLETE, (job_id, lease)) < 100
     finally:
         conn.close()
+
+
+COMPLETE_ONE = "SELECT awa.complete_job(%s, %s, 0.1, 0.1, 0)"
+
+
+def test_complete_one_reads_only_its_job_after_the_table_fills(dsn: str) -> None:
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            for _ in range(8):  # its plan is generic from the first call; cached on an empty table
+                cur.execute(COMPLETE_ONE, (-1, -1))
+                assert cur.fetchall() == []
+        conn.commit()
+        fill(dsn)
+        with psycopg2.connect(dsn) as claimer, claimer.cursor() as cur:
+            cur.execute(CLAIM, (ROWS,))
+            running = cur.fetchall()
+        claimer.close()
+        job_id, lease = running[-1]
+        assert rows_read_by(conn, COMPLETE_ONE, (job_id, lease + 1)) < 100  # a stale lease moves nothing
+        with conn.cursor() as cur:
+            cur.execute(COMPLETE_ONE, (job_id, lease))
+            assert cur.fetchall() == [(job_id,)]
+            cur.execute(TOUCHED)
+            assert cur.fetchone()[0] < 100
+        conn.commit()
+        assert awa_pool.get_job(conn, job_id).state == "completed"
+    finally:
+        conn.close()

@@ -375,3 +375,41 @@ def test_cli_grant_and_revoke(dsn, make_role) -> None:
     revoked = run("--revoke", producer)
     assert revoked.returncode == 0, revoked.stderr
     _refused(dsn, producer, "SELECT awa.insert_job('noop')")
+
+
+def test_a_worker_granted_before_a_new_hot_path_function_may_call_it_after_migrating(
+        make_role, empty_dsn) -> None:
+    """0011 adds awa.complete_job: a worker role granted on a v10 database
+    keeps completing jobs after `migrate`, without being granted again."""
+    from awa_pool.migrate import MIGRATIONS, migrate
+
+    role = make_role("awa_worker")
+    conn = psycopg2.connect(empty_dsn)
+    try:
+        migrate(conn)
+        with conn.cursor() as cur:  # back to version 10, as a database made before 0011
+            cur.execute("DROP FUNCTION awa.complete_job(bigint, bigint, real, real, bigint, jsonb)")
+            cur.execute("DELETE FROM awa.schema_migrations WHERE version = 11")
+        conn.commit()
+        assert MIGRATIONS[10][0] == 11 and MIGRATIONS[10][1] == "single_completion"
+        _grant(empty_dsn, role, "worker")
+        assert migrate(conn) == [11]
+    finally:
+        conn.close()
+    owner = psycopg2.connect(empty_dsn)
+    try:
+        job_id = awa_pool.enqueue(owner, Job("noop"))
+        owner.commit()
+    finally:
+        owner.close()
+    worker_conn = psycopg2.connect(_as_role(empty_dsn, role))
+    try:
+        with worker_conn.cursor() as cur:
+            cur.execute("SELECT id, lease FROM awa.claim('default', 1, 1, 60.0, 0::smallint, 5)")
+            assert cur.fetchall() == [(job_id, 5)]
+            cur.execute("SELECT awa.complete_job(%s, 5, 0.1, 0.1, 0)", (job_id,))
+            assert cur.fetchall() == [(job_id,)]
+        worker_conn.commit()
+    finally:
+        worker_conn.close()
+    assert scalar(empty_dsn, "SELECT state::text FROM awa.jobs WHERE id = %s", (job_id,)) == "completed"

@@ -27,6 +27,11 @@ SELECT * FROM awa.claim(%(queue)s, %(limit)s, %(supervisor)s, %(aging)s, %(lane)
 SELECT awa.complete_jobs(%(ids)s::bigint[], %(leases)s::bigint[], %(wall)s::real[],
                          %(cpu)s::real[], %(rss)s::bigint[], %(extra)s::jsonb)
 
+-- name: complete_job
+-- A flush of one: its plan is cached (0011), complete_jobs' is made per call.
+SELECT awa.complete_job(%(id)s, %(lease)s, %(wall)s::real, %(cpu)s::real, %(rss)s::bigint,
+                        %(extra)s::jsonb)
+
 -- name: settle_jobs
 SELECT job_id, new_state::text FROM awa.settle_jobs(%(outcomes)s::jsonb, %(max_crashes)s)
 
