@@ -18,8 +18,9 @@ the same machine for --capacity-seconds (what the machine sustains when
 production and consumption share its cores), or with --capacity drain by
 emptying a pre-filled backlog with the producer idle. Exit status 1 when the soak
 misses its bars: rate held within 5%, p99 pickup under --max-p99-ms in
-every window, dead tuples of the claim-path tables bounded (the peak of the
-second half no higher than --dead-growth times the first half's), and total
+every window, dead tuples of the claim-path tables bounded (their highest
+reading, taken every 0.5 s, in the second half no higher than --dead-growth
+times the larger of the first half's and the leader's vacuum threshold), and total
 size flat once history reached its retention age.
 """
 from __future__ import annotations
@@ -44,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 import awa_pool  # noqa: E402
 from awa_pool import Job  # noqa: E402
+from awa_pool.maintenance import VacuumQueueTables  # noqa: E402
 from scriptdb import fresh_database  # noqa: E402
 
 APP = '''
@@ -66,6 +68,11 @@ def flaky(ctx, **_):
 '''
 
 CLAIM_PATH_TABLES = ("jobs_hot", "queues")
+# Their dead tuples form a saw-tooth (the leader vacuums at a threshold), so
+# they are read this often and each sample keeps the highest reading since
+# the previous one: single readings every few seconds would land anywhere on
+# the teeth. (Backends publish their counts about once a second.)
+DEAD_READ_EVERY_S = 0.5
 
 
 def parse_seconds(text: str) -> float:
@@ -227,6 +234,9 @@ SAMPLE_SQL = {
           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
           LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
          WHERE n.nspname = 'awa' AND c.relkind IN ('r', 'p')""",
+    "claim_path_dead": """
+        SELECT relname, n_dead_tup FROM pg_stat_user_tables
+         WHERE schemaname = 'awa' AND relname = ANY(%s)""",
     "indexes": """
         SELECT c.relname, pg_relation_size(c.oid)
           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -238,7 +248,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL",
                                                                   "postgresql://postgres@127.0.0.1:5432/postgres"),
-                        help="server to use; the script creates and drops database awa_soak on it")
+                        help="server to use; the script creates (dropping it first) --database-name on it")
+    parser.add_argument("--database-name", default="awa_soak")
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--rate", type=float, help="jobs/s (default: capacity x --capacity-fraction)")
     parser.add_argument("--capacity-fraction", type=float, default=0.7)
@@ -257,7 +268,7 @@ def main() -> int:
     parser.add_argument("--out", default="soak", help="output prefix for .csv and .png")
     args = parser.parse_args()
 
-    dsn = fresh_database(args.database_url, "awa_soak")
+    dsn = fresh_database(args.database_url, args.database_name)
 
     app_dir = Path(tempfile.mkdtemp(prefix="awa-soak-"))
     (app_dir / "soak_app.py").write_text(APP)
@@ -292,7 +303,14 @@ def main() -> int:
         next_sample = started + args.sample
         header_printed = False
         while time.monotonic() < end:
-            time.sleep(max(0.0, next_sample - time.monotonic()))
+            dead_peaks = {table: 0 for table in CLAIM_PATH_TABLES}
+            while True:
+                cur.execute(SAMPLE_SQL["claim_path_dead"], (list(CLAIM_PATH_TABLES),))
+                for name, dead in cur.fetchall():
+                    dead_peaks[name] = max(dead_peaks[name], dead)
+                if time.monotonic() >= next_sample:
+                    break
+                time.sleep(max(0.0, min(DEAD_READ_EVERY_S, next_sample - time.monotonic())))
             now = time.monotonic()
             next_sample += args.sample
             cur.execute(SAMPLE_SQL["window"], (args.sample,))
@@ -317,12 +335,14 @@ def main() -> int:
                 row[f"{name}.bytes"] = size
             for name, size in sorted(indexes.items()):
                 row[f"idx.{name}.bytes"] = size
+            for name, peak in dead_peaks.items():
+                row[f"{name}.dead_peak"] = peak
             rows.append(row)
             if not header_printed:
-                print("     t  rate/s  p50ms  p99ms  avail  hot.dead  total MB", flush=True)
+                print("     t  rate/s  p50ms  p99ms  avail  hot.dead^  total MB", flush=True)
                 header_printed = True
             print(f"{row['t']:6.0f} {row['completed_per_s']:7.0f} {row['pickup_p50_ms']:6.1f} "
-                  f"{row['pickup_p99_ms']:6.1f} {available:6d} {row.get('jobs_hot.dead', 0):9d} "
+                  f"{row['pickup_p99_ms']:6.1f} {available:6d} {row['jobs_hot.dead_peak']:9d} "
                   f"{row['total_bytes'] / 1e6:9.1f}", flush=True)
         stop.set()
         thread.join(10)
@@ -350,9 +370,11 @@ def main() -> int:
         failed_bars.append(f"pickup p99 reached {worst:.1f} ms (bar {args.max_p99_ms:g} ms)")
     half = len(warm) // 2
     for table in CLAIM_PATH_TABLES:
-        first = max((r.get(f"{table}.dead", 0) for r in warm[:half]), default=0)
-        second = max((r.get(f"{table}.dead", 0) for r in warm[half:]), default=0)
-        if second > max(args.dead_growth * first, 1000):
+        first = max((r[f"{table}.dead_peak"] for r in warm[:half]), default=0)
+        second = max((r[f"{table}.dead_peak"] for r in warm[half:]), default=0)
+        # Below the leader's vacuum threshold they are bounded by design (a
+        # slow load may not reach it within half a run).
+        if second > args.dead_growth * max(first, VacuumQueueTables().dead_threshold):
             failed_bars.append(f"{table} dead tuples grew: peak {first} then {second}")
     retention_s = parse_seconds(args.retention)
     settled = [r for r in warm if r["t"] > retention_s * 2]
@@ -393,8 +415,9 @@ def plot(rows, path: Path, rate: float, retention_s: float) -> None:
     axes[1].plot(t, [r["pickup_p99_ms"] for r in rows], label="pickup p99")
     axes[1].set_ylabel("ms")
     axes[1].legend(loc="upper right")
-    for table in ("jobs_hot", "jobs_deferred", "queues"):
-        axes[2].plot(t, [r.get(f"{table}.dead", 0) for r in rows], label=f"{table} dead tuples")
+    for table in CLAIM_PATH_TABLES:
+        axes[2].plot(t, [r[f"{table}.dead_peak"] for r in rows], label=f"{table} dead tuples (peak)")
+    axes[2].plot(t, [r.get("jobs_deferred.dead", 0) for r in rows], label="jobs_deferred dead tuples")
     axes[2].set_ylabel("dead tuples")
     axes[2].legend(loc="upper right")
     axes[3].plot(t, [r["total_bytes"] / 1e6 for r in rows], label="all awa tables + indexes")
