@@ -40,7 +40,9 @@ class Claimer:
         self.job_seconds: Dict[str, float] = {}
         self.shards: Dict[str, int] = {}
         self.lane_cursor = random.randrange(1 << 16)
-        self.claims = 0
+        self.claims = 0          # claim statements sent (the lease counter)
+        self.empty_claims = 0    # ... that found nothing
+        self.claimed_jobs = 0
 
     def start(self, queues: Dict[str, QueueConfig], supervisor_id: int) -> None:
         self.queues = queues
@@ -169,8 +171,11 @@ class Claimer:
                 self.blocked_until[name] = now + 1.0  # a failing claim: back off this queue
                 return rows
             rows.extend(got)
+            self.claimed_jobs += len(got)
             if got:
                 self.on_claimed(name, got)
+            else:
+                self.empty_claims += 1
             if len(rows) >= want:
                 return rows
         if queue.rate is not None:

@@ -232,6 +232,7 @@ class BackgroundCompleter:
         self.stopping = False
         self.thread: Optional[threading.Thread] = None
         self.stats: Dict[str, int] = {}
+        self.flushes = 0    # transactions that wrote outcomes
         self.failures = 0
         self.force = False  # flush progress at once (shutdown)
         self.on_applied: Optional[Any] = None
@@ -323,9 +324,11 @@ class BackgroundCompleter:
                 self.conn = connect(self.dsn, autocommit=True, connect_timeout=5)
                 with self.conn.cursor() as cur:
                     cur.execute(QUERIES["worker_session"])
+            writes_outcomes = bool(batch.completed or batch.others)
             with self.conn.cursor() as cur:
                 applied = batch.flush(cur)
             self.failures = 0
+            self.flushes += writes_outcomes
             for _, state in applied:
                 self.stats[state] = self.stats.get(state, 0) + 1
             if self.on_applied is not None and applied:

@@ -533,7 +533,10 @@ class Supervisor:
             "state": self.state, "children": len(children),
             "busy": sum(1 for c in children if c.busy), "idle": sum(1 for c in children if c.idle),
             "leader": bool(self.leader and self.leader.is_leader),
-            "busy_by_queue": self.children.busy_by_queue(), "counters": dict(self.counters),
+            "busy_by_queue": self.children.busy_by_queue(),
+            "counters": dict(self.counters, claims=self.claimer.claims, empty_claims=self.claimer.empty_claims,
+                             claimed_jobs=self.claimer.claimed_jobs,
+                             completion_flushes=self.completer.flushes),
             "rss": {str(c.pid): c.rss for c in children if c.rss},
             "listen": self.listen_ok,
         }

@@ -234,6 +234,14 @@ SAMPLE_SQL = {
           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
           LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
          WHERE n.nspname = 'awa' AND c.relkind IN ('r', 'p')""",
+    # The supervisors' own counters (published with each heartbeat): how
+    # many round trips the load costs.
+    "round_trips": """
+        SELECT coalesce(sum((stats->'counters'->>'claims')::bigint), 0)::bigint,
+               coalesce(sum((stats->'counters'->>'empty_claims')::bigint), 0)::bigint,
+               coalesce(sum((stats->'counters'->>'claimed_jobs')::bigint), 0)::bigint,
+               coalesce(sum((stats->'counters'->>'completion_flushes')::bigint), 0)::bigint
+          FROM awa.supervisors WHERE stopped_at IS NULL""",
     "claim_path_dead": """
         SELECT relname, n_dead_tup FROM pg_stat_user_tables
          WHERE schemaname = 'awa' AND relname = ANY(%s)""",
@@ -302,6 +310,7 @@ def main() -> int:
         end = started + args.minutes * 60
         next_sample = started + args.sample
         header_printed = False
+        previous_trips = None
         while time.monotonic() < end:
             dead_peaks = {table: 0 for table in CLAIM_PATH_TABLES}
             while True:
@@ -321,6 +330,11 @@ def main() -> int:
             tables = {name: (dead, live, size) for name, dead, live, size in cur.fetchall()}
             cur.execute(SAMPLE_SQL["indexes"])
             indexes = dict(cur.fetchall())
+            cur.execute(SAMPLE_SQL["round_trips"])
+            trips = cur.fetchone()
+            claims, empty, claimed, flushes = (
+                [now_ - before for now_, before in zip(trips, previous_trips)] if previous_trips else [0, 0, 0, 0])
+            previous_trips = trips
             row = {
                 "t": round(now - started, 1), "sent": counts["sent"],
                 "completed_per_s": round(completed_window / args.sample, 1),
@@ -328,6 +342,10 @@ def main() -> int:
                 "scheduled_late_p99_ms": round((scheduled_p99 or 0) * 1000, 2),
                 "available": available, "running": running, "deferred": deferred,
                 "total_bytes": sum(size for _, _, size in tables.values()),
+                "claims_per_s": round(claims / args.sample, 1),
+                "empty_claims_per_s": round(empty / args.sample, 1),
+                "jobs_per_claim": round(claimed / claims, 1) if claims else 0,
+                "completion_flushes_per_s": round(flushes / args.sample, 1),
             }
             for name, (dead, live, size) in sorted(tables.items()):
                 row[f"{name}.dead"] = dead
@@ -339,11 +357,12 @@ def main() -> int:
                 row[f"{name}.dead_peak"] = peak
             rows.append(row)
             if not header_printed:
-                print("     t  rate/s  p50ms  p99ms  avail  hot.dead^  total MB", flush=True)
+                print("     t  rate/s  p50ms  p99ms  avail  hot.dead^  total MB  claims/s  jobs/claim", flush=True)
                 header_printed = True
             print(f"{row['t']:6.0f} {row['completed_per_s']:7.0f} {row['pickup_p50_ms']:6.1f} "
                   f"{row['pickup_p99_ms']:6.1f} {available:6d} {row['jobs_hot.dead_peak']:9d} "
-                  f"{row['total_bytes'] / 1e6:9.1f}", flush=True)
+                  f"{row['total_bytes'] / 1e6:9.1f} {row['claims_per_s']:9.0f} {row['jobs_per_claim']:11.1f}",
+                  flush=True)
         stop.set()
         thread.join(10)
         sample_conn.close()

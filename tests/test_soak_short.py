@@ -46,3 +46,6 @@ def test_short_soak_holds_its_rate_and_writes_its_samples(server_url: str, worke
     for table in ("jobs_hot", "queues"):
         assert all(f"{table}.dead_peak" in r for r in rows)
     assert all(int(r["total_bytes"]) > 0 for r in rows)
+    # The supervisors' round-trip counters reach the samples through their heartbeats.
+    assert any(float(r["claims_per_s"]) > 0 and float(r["jobs_per_claim"]) >= 1 for r in warm)
+    assert any(float(r["completion_flushes_per_s"]) > 0 for r in warm)
