@@ -391,8 +391,10 @@ class Supervisor:
                 running = next((j for j in child.inflight if j.id == job_id), None) if job_id else None
                 if running is not None and running.timeout_s:
                     due = min(due, started + running.timeout_s)
-            if len(child.inflight) > 1:
-                due = min(due, (started if job_id else now) + TAKE_BACK_AFTER_S)
+            if job_id and child.inflight[-1].id != job_id:  # jobs queued behind the running one
+                due = min(due, started + TAKE_BACK_AFTER_S)
+            elif not job_id and len(child.inflight) > 1:     # between jobs: the next starts from now
+                due = min(due, now + TAKE_BACK_AFTER_S)
             if child.cancel_deadline is not None:
                 due = min(due, child.cancel_deadline)
         # Overdue: acted on right after this wait; should acting fail (a

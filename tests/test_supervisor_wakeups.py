@@ -35,3 +35,70 @@ def test_a_long_job_without_deadlines_does_not_wake_its_supervisor(pools, dsn) -
     assert woken < 20, f"the supervisor's main thread woke {woken} times in {window:g} s"
     assert job_row(dsn, job_id)["state"] == "running"
 
+
+
+# -- the bound itself, on the supervisor's own objects (no processes) ---------------------
+
+def _supervisor_with(*children):
+    from awa_pool.config import PoolConfig
+    from awa_pool.supervisor import Supervisor
+
+    supervisor = Supervisor(PoolConfig(dsn="postgresql://unused", workers=len(children)))
+    for child in children:
+        supervisor.children.by_slot[child.slot] = child
+    return supervisor
+
+
+def _child(slot: int, jobs, shortest_timeout=None):
+    """A child holding jobs [(id, timeout_s)] in stream positions 0, 1, ..."""
+    from awa_pool.children import ChildHandle, InFlight
+    from awa_pool.protocol import StatusBlock
+
+    child = ChildHandle(slot=slot, process=None, pid=0, down_fd=-1, up_fd=-1, reader=None, outbox=None,
+                        status=StatusBlock(), started_at=0.0, recycle_after=None, ready=True)
+    child.inflight = [InFlight(job_id, 1, "k", "q", timeout, position)
+                      for position, (job_id, timeout) in enumerate(jobs)]
+    child.shortest_timeout = shortest_timeout  # what Children.assign records
+    return child
+
+
+def test_the_next_check_is_the_earliest_deadline_of_any_busy_child() -> None:
+    from awa_pool.supervisor import TAKE_BACK_AFTER_S
+
+    now = time.monotonic()
+    idle = _child(0, [])
+    no_deadline = _child(1, [(1, None)])
+    no_deadline.status.start(1, 0, now - 100)
+    assert _supervisor_with(idle, no_deadline)._next_child_check(now) == float("inf")
+
+    timed = _child(2, [(2, 5.0)], shortest_timeout=5.0)
+    timed.status.start(2, 0, now - 1)
+    assert _supervisor_with(no_deadline, timed)._next_child_check(now) == now - 1 + 5.0
+
+    queued = _child(3, [(3, None), (4, None)])
+    queued.status.start(3, 0, now - 0.05)
+    assert _supervisor_with(timed, queued)._next_child_check(now) == now - 0.05 + TAKE_BACK_AFTER_S
+
+    # The last job of a batch runs while its earlier outcomes are still unreported:
+    # nothing is queued behind it, so no take-back to wake for.
+    last = _child(4, [(5, None), (6, None)])
+    last.status.start(6, 1, now - 30)
+    assert _supervisor_with(last)._next_child_check(now) == float("inf")
+
+    # A job queued behind one without a timeout: it starts no earlier than now.
+    behind = _child(5, [(7, None), (8, 2.0)], shortest_timeout=2.0)
+    behind.status.start(7, 0, now - 0.01)
+    assert _supervisor_with(behind)._next_child_check(now) == now - 0.01 + TAKE_BACK_AFTER_S
+    behind.status.start(8, 1, now - 0.5)  # (as if 7 were done and reported)
+    behind.inflight = behind.inflight[1:]
+    assert _supervisor_with(behind)._next_child_check(now) == now - 0.5 + 2.0
+
+    cancelled = _child(6, [(9, None)])
+    cancelled.status.start(9, 0, now - 1)
+    cancelled.cancel_deadline = now + 3
+    assert _supervisor_with(cancelled)._next_child_check(now) == now + 3
+
+    # Overdue (a take-back that could not happen): retried shortly, never a busy loop.
+    stuck = _child(7, [(10, None), (11, None)])
+    stuck.status.start(10, 0, now - 10)
+    assert _supervisor_with(stuck)._next_child_check(now) == now + 0.02
