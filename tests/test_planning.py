@@ -29,6 +29,17 @@ def fill(dsn: str) -> None:
     producer.close()
 
 
+def fill_and_claim_all(dsn: str) -> tuple:
+    """Fill the table and claim every job (another session): the last (id, lease)."""
+    fill(dsn)
+    with psycopg2.connect(dsn) as claimer, claimer.cursor() as cur:
+        cur.execute(CLAIM, (ROWS,))
+        running = cur.fetchall()
+    claimer.close()
+    assert len(running) == ROWS
+    return running[-1]
+
+
 def rows_read_by(conn, sql: str, params: tuple) -> int:
     """Rows of jobs_hot that one call reads, counted inside its transaction."""
     with conn.cursor() as cur:
@@ -62,13 +73,7 @@ def test_complete_reads_only_the_jobs_it_completes_after_the_table_fills(dsn: st
                 cur.execute(COMPLETE, (-1, -1))
                 cur.fetchall()
         conn.commit()
-        fill(dsn)
-        with psycopg2.connect(dsn) as claimer, claimer.cursor() as cur:
-            cur.execute(CLAIM, (ROWS,))
-            running = cur.fetchall()
-        claimer.close()
-        assert len(running) == ROWS
-        job_id, lease = running[-1]
+        job_id, lease = fill_and_claim_all(dsn)
         assert rows_read_by(conn, COMPLETE, (job_id, lease)) < 100
     finally:
         conn.close()
@@ -85,12 +90,7 @@ def test_complete_one_reads_only_its_job_after_the_table_fills(dsn: str) -> None
                 cur.execute(COMPLETE_ONE, (-1, -1))
                 assert cur.fetchall() == []
         conn.commit()
-        fill(dsn)
-        with psycopg2.connect(dsn) as claimer, claimer.cursor() as cur:
-            cur.execute(CLAIM, (ROWS,))
-            running = cur.fetchall()
-        claimer.close()
-        job_id, lease = running[-1]
+        job_id, lease = fill_and_claim_all(dsn)
         assert rows_read_by(conn, COMPLETE_ONE, (job_id, lease + 1)) < 100  # a stale lease moves nothing
         with conn.cursor() as cur:
             cur.execute(COMPLETE_ONE, (job_id, lease))
