@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import psycopg2
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .db import connect, first_line
 from .errors import AwaError
@@ -229,6 +229,13 @@ class _LiveCollector:
                                 value=1 if (leader is not None and leader.is_leader) else 0)
         yield GaugeMetricFamily("awa_database_connected", "1 while the supervisor's main database "
                                 "connection is up.", value=1 if sup.conn is not None else 0)
+        # Round trips: what the load costs the database, per job (claims and
+        # flushes against jobs started and completed).
+        yield CounterMetricFamily("awa_claims", "Claim statements sent.", value=sup.claimer.claims)
+        yield CounterMetricFamily("awa_empty_claims", "Claim statements that found no job.",
+                                  value=sup.claimer.empty_claims)
+        yield CounterMetricFamily("awa_completion_flushes", "Transactions that wrote job outcomes.",
+                                  value=sup.completer.flushes)
         info = GaugeMetricFamily("awa_supervisor_info", "Always 1; labels describe this supervisor.",
                                  labels=["supervisor_id", "version", "state"])
         info.add_metric([str(sup.supervisor_id or ""), __version__, str(sup.state)], 1)

@@ -98,6 +98,10 @@ def test_documented_metrics_move_as_jobs_run(processes, dsn: str, tmp_path) -> N
     assert value(text, "awa_job_run_seconds_count", queue="default", kind="slow") == 0  # killed: not timed
     assert value(text, "awa_child_deaths_total") >= 2  # the crash and the timeout
     assert value(text, "awa_child_recycles_total") >= 1  # --max-tasks-per-child 3
+    # every started job came out of a claim; every outcome went through a flush
+    assert 1 <= value(text, "awa_claims_total") - value(text, "awa_empty_claims_total") <= 8
+    outcomes = sum(v for k, v in samples(text).items() if k[0] == "awa_job_outcomes_total")
+    assert 1 <= value(text, "awa_completion_flushes_total") <= outcomes
     assert value(text, "awa_queue_lag_seconds", queue="parked") > 0
     assert value(text, "awa_queue_paused", queue="parked") == 1
     assert value(text, "awa_queue_stats_up") == 1
