@@ -10,10 +10,15 @@ counts the rows that session's next call reads in its own transaction.
 """
 from __future__ import annotations
 
+from typing import List, Tuple
+
 import psycopg2
+import pytest
 
 import awa_pool
 from awa_pool import Job
+
+pytestmark = pytest.mark.embedded_smoke  # plans may differ between PostgreSQL versions
 
 ROWS = 20_000
 TOUCHED = "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) " \
@@ -99,5 +104,77 @@ def test_complete_one_reads_only_its_job_after_the_table_fills(dsn: str) -> None
             assert cur.fetchone()[0] < 100
         conn.commit()
         assert awa_pool.get_job(conn, job_id).state == "completed"
+    finally:
+        conn.close()
+
+
+def nested_plans(conn, sql: str, params: tuple) -> Tuple[list, List[str]]:
+    """Plans of the statements `sql` runs inside functions, from auto_explain
+    (sent to this client as notices); skips where the module is missing."""
+    with conn.cursor() as cur:
+        try:
+            cur.execute("LOAD 'auto_explain'")
+        except psycopg2.Error:
+            conn.rollback()
+            pytest.skip("auto_explain is not installed on this server")
+        for setting in ("log_min_duration = 0", "log_nested_statements = on",
+                        "log_level = notice"):
+            cur.execute(f"SET auto_explain.{setting}")
+        del conn.notices[:]
+        cur.execute(sql, params)
+        rows = cur.fetchall()
+        cur.execute("SET auto_explain.log_min_duration = -1")
+    return rows, [n for n in conn.notices if "Delete on jobs_hot" in n]
+
+
+def test_a_big_flush_on_the_cached_completion_plan_joins_by_hash_not_by_rescans(dsn: str) -> None:
+    """complete_jobs' plan, cached on an empty table, must stay linear in the
+    flush size: a nested loop rescans the outcome arrays once per row (W2
+    fell tenfold when that plan was cached)."""
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            for _ in range(8):
+                cur.execute(COMPLETE, (-1, -1))
+                cur.fetchall()
+        conn.commit()
+        fill(dsn)
+        with psycopg2.connect(dsn) as claimer, claimer.cursor() as cur:
+            cur.execute(CLAIM, (2_000,))
+            running = cur.fetchall()
+        claimer.close()
+        ids = [job_id for job_id, _ in running]
+        leases = [lease for _, lease in running]
+        flush = ("SELECT awa.complete_jobs(%s::bigint[], %s::bigint[], %s::real[], %s::real[], "
+                 "%s::bigint[])")
+        n = len(ids)
+        rows, plans = nested_plans(conn, flush, (ids, leases, [0.1] * n, [0.1] * n, [0] * n))
+        assert len(rows) == n == 2_000
+        assert len(plans) == 1, plans
+        assert "Nested Loop" not in plans[0] and "Hash Join" in plans[0], plans[0]
+        assert "jobs_hot_pkey" in plans[0], plans[0]  # read by key, however estimated
+        with conn.cursor() as cur:
+            cur.execute(TOUCHED)
+            assert cur.fetchone()[0] <= n + 100
+        conn.commit()
+        assert awa_pool.get_job(conn, ids[-1]).state == "completed"
+    finally:
+        conn.close()
+
+
+def test_one_id_twice_in_a_flush_completes_the_job_under_its_current_lease(dsn: str) -> None:
+    """A stale outcome beside the current one for the same job: the join pairs
+    each id with its own lease, so the current one completes it, once."""
+    job_id, lease = fill_and_claim_all(dsn)
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT awa.complete_jobs(%s::bigint[], %s::bigint[], '{0.1,0.2}', "
+                        "'{0.1,0.2}', '{0,0}')", ([job_id, job_id], [lease - 1, lease]))
+            assert cur.fetchall() == [(job_id,)]
+        conn.commit()
+        with conn.cursor() as cur:
+            cur.execute("SELECT state::text, lease FROM awa.jobs_done WHERE id = %s", (job_id,))
+            assert cur.fetchall() == [("completed", lease)]
     finally:
         conn.close()

@@ -28,7 +28,7 @@ SELECT awa.complete_jobs(%(ids)s::bigint[], %(leases)s::bigint[], %(wall)s::real
                          %(cpu)s::real[], %(rss)s::bigint[], %(extra)s::jsonb)
 
 -- name: complete_job
--- A flush of one: its plan is cached (0011), complete_jobs' is made per call.
+-- A flush of one (0011): one key lookup, no arrays to parse.
 SELECT awa.complete_job(%(id)s, %(lease)s, %(wall)s::real, %(cpu)s::real, %(rss)s::bigint,
                         %(extra)s::jsonb)
 
