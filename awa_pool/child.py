@@ -66,36 +66,58 @@ def _init_process(parent_pid: int, close_fds: Sequence[int], neutralize_fds: Seq
         os.close(devnull)
 
 
-def _read_status() -> "tuple[Optional[int], Optional[int]]":
-    """(peak RSS since the last reset, current RSS) in bytes, from /proc."""
-    try:
-        fd = os.open("/proc/self/status", os.O_RDONLY)
-        try:
-            data = os.read(fd, 8192)
-        finally:
-            os.close(fd)
-    except OSError:
-        return None, None
-    values = []
-    for key in (b"VmHWM:", b"VmRSS:"):
-        start = data.find(key)
-        if start < 0:
-            values.append(None)
-            continue
-        end = data.find(b"kB", start)
-        values.append(int(data[start + len(key):end]) * 1024)
-    return values[0], values[1]
+class _ProcFile:
+    """A /proc/self file kept open: opening it cost more than reading it.
+    Open it after fork (before, /proc/self names the parent). A handler may
+    close descriptors or get one's number back for a file of its own, so
+    each use checks the descriptor still names this file, else reopens."""
+
+    def __init__(self, path: str, flags: int) -> None:
+        self.path, self.flags = path, flags
+        self.fd = -1
+        self.identity = (0, 0)
+
+    def descriptor(self) -> int:
+        if self.fd >= 0:
+            try:
+                st = os.fstat(self.fd)
+                if (st.st_dev, st.st_ino) == self.identity:
+                    return self.fd
+            except OSError:
+                pass
+        self.fd = os.open(self.path, self.flags | os.O_CLOEXEC)
+        st = os.fstat(self.fd)
+        self.identity = (st.st_dev, st.st_ino)
+        return self.fd
 
 
-def _reset_peak_rss() -> None:
-    try:
-        fd = os.open("/proc/self/clear_refs", os.O_WRONLY)
+class MemoryGauge:
+    """This process's peak RSS since the last reset and its RSS now (bytes)."""
+
+    def __init__(self) -> None:
+        self.status = _ProcFile("/proc/self/status", os.O_RDONLY)
+        self.clear_refs = _ProcFile("/proc/self/clear_refs", os.O_WRONLY)
+
+    def read(self) -> "tuple[Optional[int], Optional[int]]":
         try:
-            os.write(fd, b"5")  # "5" resets the peak RSS (VmHWM) of this process
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+            data = os.pread(self.status.descriptor(), 8192, 0)
+        except OSError:
+            return None, None
+        values = []
+        for key in (b"VmHWM:", b"VmRSS:"):
+            start = data.find(key)
+            if start < 0:
+                values.append(None)
+                continue
+            end = data.find(b"kB", start)
+            values.append(int(data[start + len(key):end]) * 1024)
+        return values[0], values[1]
+
+    def reset_peak(self) -> None:
+        try:
+            os.write(self.clear_refs.descriptor(), b"5")  # "5" resets VmHWM to the RSS now
+        except OSError:
+            pass
 
 
 class PipeChannel:
@@ -139,19 +161,20 @@ class PipeChannel:
 
 
 def _run_batch(jobs: List[tuple], first_position: int, channel: PipeChannel, status: StatusBlock,
-               up_fd: int, result_max_bytes: int) -> None:
+               up_fd: int, result_max_bytes: int, memory: MemoryGauge) -> None:
+    """Run a batch; the peak RSS each flush reports is since the previous
+    flush (or the child's start), which the caller reset."""
     pending: List[Outcome] = []
-    _reset_peak_rss()
     last_flush = time.monotonic()
     low_at = len(jobs) // 2  # tell the supervisor when half the batch has started
 
     def flush() -> None:
         nonlocal last_flush
-        peak, current = _read_status()
+        peak, current = memory.read()
         outcomes = [o._replace(peak_rss=peak) for o in pending] if peak is not None else list(pending)
         send(up_fd, (DONE, outcomes, current))
         pending.clear()
-        _reset_peak_rss()
+        memory.reset_peak()
         last_flush = time.monotonic()
 
     for index, fields in enumerate(jobs):
@@ -187,6 +210,8 @@ def child_main(parent_pid: int, down_fd: int, up_fd: int, status: StatusBlock,
                              % (os.getpid(), traceback.format_exc()))
             sys.stderr.flush()
             os._exit(EXIT_HOOK_FAILED)
+        memory = MemoryGauge()
+        memory.reset_peak()  # what the fork and the start hooks used is no job's
         send(up_fd, (READY, os.getpid()))
         position = 0  # this child's stream position of the next job it receives
         while True:
@@ -199,7 +224,7 @@ def child_main(parent_pid: int, down_fd: int, up_fd: int, status: StatusBlock,
             if message is None or message[0] == STOP:
                 break
             if message[0] == RUN:
-                _run_batch(message[1], position, channel, status, up_fd, result_max_bytes)
+                _run_batch(message[1], position, channel, status, up_fd, result_max_bytes, memory)
                 position += len(message[1])
     except BrokenPipeError:
         pass  # the supervisor is gone

@@ -118,3 +118,17 @@ def test_states_are_consistent_after_run(dsn, pools):
     pools.start()
     wait_for(lambda: states(dsn) == {"completed": 50}, timeout=30, message="50 completed")
     assert count_lines(pools.log_dir, "noop") == 50
+
+
+def test_peak_memory_is_each_jobs_own(dsn, pools):
+    """A job that briefly used 60 MB reports that peak; the job after it in
+    the same child reports its own, not the high-water mark of the process."""
+    spike, after = _enqueue(dsn, Job("spike", {"megabytes": 60}), Job("whoami"))
+    pools.start(workers=1)
+    spiked = _wait_state(dsn, spike, "completed")
+    later = _wait_state(dsn, after, "completed")
+    assert spiked.result["pid"] == later.result["pid"]
+    spike_peak = spiked.attempts[0]["peak_rss_bytes"]
+    later_peak = later.attempts[0]["peak_rss_bytes"]
+    assert spike_peak > 60 * 1024 * 1024
+    assert 1_000_000 < later_peak < spike_peak - 40 * 1024 * 1024, (spike_peak, later_peak)

@@ -118,6 +118,15 @@ def leak(megabytes: int = 50) -> dict:
     return {"pid": os.getpid()}
 
 
+@awa_pool.task("spike")
+def spike(megabytes: int = 60) -> dict:
+    """Touch this much memory for a moment, then give it back."""
+    block = bytearray(megabytes * 1024 * 1024)
+    block[::4096] = b"x" * len(block[::4096])
+    del block
+    return {"pid": os.getpid()}
+
+
 @awa_pool.task("whoami")
 def whoami() -> dict:
     record("whoami", _ctx().id)
