@@ -37,6 +37,9 @@ def test_short_soak_holds_its_rate_and_writes_its_samples(server_url: str, worke
         admin.close()
     assert run.returncode == 0, run.stdout + run.stderr
     assert "FAILED" not in run.stdout
+    # 24 s at 200 jobs/s leave jobs_hot below the leader's vacuum threshold:
+    # its pages grow all run, so size is judged only in the long runs.
+    assert "size: not judged" in run.stdout
     with open(out.with_suffix(".csv")) as f:
         rows = list(csv.DictReader(f))
     assert len(rows) >= 10
