@@ -53,3 +53,21 @@ def fresh_database(server_url: str, name: str, *, migrate: bool = True) -> str:
         finally:
             conn.close()
     return url
+
+
+def use_checkout(root: str) -> None:
+    """Import awa_pool, and the SQL it runs, from the checkout at `root`
+    instead of the installed package. Putting `root` first on sys.path is
+    not enough: an editable install maps awa_pool.schema (migrations and
+    queries) to the tree it was installed from. Call before importing awa_pool."""
+    import importlib.util
+    import os
+    import sys
+
+    schema = os.path.join(root, "schema")
+    sys.path.insert(0, root)
+    spec = importlib.util.spec_from_file_location(
+        "awa_pool.schema", os.path.join(schema, "__init__.py"), submodule_search_locations=[schema])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["awa_pool.schema"] = module
+    spec.loader.exec_module(module)

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""CPU each no-op job costs, per process: supervisor, children, PostgreSQL.
+
+    python scripts/cpu_per_job.py                         # 40,000 jobs, one child
+    python scripts/cpu_per_job.py --jobs 80000 --workers 2 --repeats 3
+    python scripts/cpu_per_job.py --source /path/to/other/checkout   # A/B two trees
+
+Pre-enqueues --jobs no-op jobs, starts one supervisor (`awa_pool.Pool`) with
+--workers children on them, and polls until every job is completed. The
+CPU time (user + system, from /proc) of the supervisor process (all its
+threads), of its children and of the PostgreSQL backends connected to the
+database (its claim, completion, LISTEN and leader sessions) is read just
+before the last job lands, and divided by the number of jobs. A rough
+profile, Linux only: it needs /proc, and the backends must run on this
+machine (a local server).
+
+--source runs the supervisor from another checkout (its awa_pool package
+and schema), so two commits can be compared on the same machine, one run
+after the other. The database is created on 127.0.0.1:5432 (user postgres)
+unless --database-url names a server, and dropped at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import psycopg2
+
+HERE = Path(__file__).resolve().parent
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_of(pid: int) -> List[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+POOL = '''
+import sys
+sys.path.insert(0, sys.argv[4])
+from scriptdb import use_checkout
+use_checkout(sys.argv[3])
+import awa_pool
+
+@awa_pool.task("cpu_probe_noop")
+def noop(**_):
+    pass
+
+awa_pool.Pool(sys.argv[1], workers=int(sys.argv[2]), queues=["cpu_probe"]).run()
+'''
+
+
+def one_run(url: str, source: str, jobs: int, workers: int, timeout_s: float) -> Dict[str, float]:
+    import awa_pool  # from --source: main() put it first on the path
+
+    conn = psycopg2.connect(url)
+    awa_pool.migrate(conn)
+    for start in range(0, jobs, 5000):
+        awa_pool.enqueue_many(conn, [awa_pool.Job("cpu_probe_noop", {"i": i}, queue="cpu_probe")
+                                     for i in range(start, min(jobs, start + 5000))])
+        conn.commit()
+    conn.autocommit = True
+    cur = conn.cursor()
+    cur.execute("VACUUM ANALYZE awa.jobs_hot")
+    cur.execute("SELECT current_database()")
+    database = cur.fetchone()[0]
+
+    pool = subprocess.Popen([sys.executable, "-c", POOL, url, str(workers), source, str(HERE)])
+    roles: Dict[int, str] = {pool.pid: "supervisor"}
+    last: Dict[int, float] = {}
+    started = time.monotonic()
+    try:
+        while True:
+            for pid in children_of(pool.pid):
+                roles.setdefault(pid, "children")
+            cur.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s AND backend_type = "
+                        "'client backend' AND pid <> pg_backend_pid()", (database,))
+            for (pid,) in cur.fetchall():
+                roles.setdefault(pid, "postgres")
+            # Read every process before counting: the last reading before
+            # the count reaches the total is the one that is kept.
+            last = {pid: cpu_seconds(pid) for pid in roles}
+            cur.execute("SELECT count(*) FROM awa.jobs_done WHERE queue = 'cpu_probe'")
+            if cur.fetchone()[0] >= jobs:
+                break
+            if pool.poll() is not None:
+                raise SystemExit(f"the pool exited with status {pool.returncode}")
+            if time.monotonic() - started > timeout_s:
+                raise SystemExit(f"the pool did not complete {jobs} jobs within {timeout_s:.0f} s")
+            time.sleep(0.05)
+        elapsed = time.monotonic() - started
+    finally:
+        pool.terminate()
+        pool.wait(timeout=60)
+        conn.close()
+    per_job = {"supervisor": 0.0, "children": 0.0, "postgres": 0.0}
+    for pid, seconds in last.items():
+        per_job[roles[pid]] += seconds * 1e6 / jobs
+    per_job["total"] = sum(per_job.values())
+    per_job["jobs_per_s"] = jobs / elapsed
+    return per_job
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=40_000)
+    ap.add_argument("--workers", type=int, default=1, help="children of the one supervisor")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--source", default=str(HERE.parent), help="checkout whose awa_pool runs")
+    ap.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres",
+                    help="server to create the scratch database on")
+    ap.add_argument("--timeout", type=float, default=600.0)
+    args = ap.parse_args()
+    if args.jobs < 1 or args.workers < 1 or args.repeats < 1:
+        ap.error("--jobs, --workers and --repeats must be at least 1")
+
+    sys.path.insert(0, str(HERE))
+    from scriptdb import drop_database, fresh_database, use_checkout
+
+    use_checkout(args.source)  # before anything imports awa_pool
+
+    name = f"awa_cpu_probe_{os.getpid()}"
+    runs = []
+    try:
+        for rep in range(args.repeats):
+            url = fresh_database(args.database_url, name, migrate=False)
+            result = one_run(url, args.source, args.jobs, args.workers, args.timeout)
+            runs.append(result)
+            print(f"run {rep + 1}: {result['jobs_per_s']:,.0f} jobs/s (from the pool's start); "
+                  f"CPU per job: supervisor {result['supervisor']:.1f} us, children "
+                  f"{result['children']:.1f} us, PostgreSQL {result['postgres']:.1f} us, "
+                  f"total {result['total']:.1f} us", flush=True)
+    finally:
+        drop_database(args.database_url, name)
+    if len(runs) > 1:
+        median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+        print(f"median of {len(runs)}: supervisor {median['supervisor']:.1f} us, children "
+              f"{median['children']:.1f} us, PostgreSQL {median['postgres']:.1f} us, "
+              f"total {median['total']:.1f} us per job")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
