@@ -28,9 +28,29 @@ FLUSH_INTERVAL_S = 0.02
 PROGRESS_INTERVAL_S = 1.0
 
 
-def _array(values) -> str:
+def _array(values, text=repr) -> str:
     """A Postgres array literal of numbers/NULLs (far cheaper than adapting a list)."""
-    return "{" + ",".join("NULL" if v is None else repr(v) for v in values) + "}"
+    values = list(values)
+    if None in values:
+        return "{" + ",".join("NULL" if v is None else text(v) for v in values) + "}"
+    return "{" + ",".join(map(text, values)) + "}"
+
+
+_seconds = "{:.6f}".format  # wall and CPU times: microseconds are plenty
+
+
+def _completion_params(batch: List[Outcome]) -> Dict[str, str]:
+    """complete_jobs' arguments for a batch, a column at a time."""
+    column = dict(zip(Outcome._fields, zip(*batch)))
+    extras = []
+    if any(column["result"]) or any(column["progress"]):
+        for o in batch:
+            extra = _extra_json(o)
+            if extra is not None:
+                extras.append('"%d":%s' % (o.job_id, extra))
+    return {"ids": _array(column["job_id"]), "leases": _array(column["lease"]),
+            "wall": _array(column["wall_s"], _seconds), "cpu": _array(column["cpu_s"], _seconds),
+            "rss": _array(column["peak_rss"]), "extra": "{" + ",".join(extras) + "}"}
 
 
 def _extra_json(o: Outcome) -> Optional[str]:
@@ -112,18 +132,8 @@ class Completer:
             params = {"id": o.job_id, "lease": o.lease, "wall": round(o.wall_s, 6),
                       "cpu": round(o.cpu_s, 6), "rss": o.peak_rss, "extra": _extra_json(o)}
         else:
-            extras = []
-            for o in batch:
-                extra = _extra_json(o)
-                if extra is not None:
-                    extras.append('"%d":%s' % (o.job_id, extra))
             statement = QUERIES["complete_jobs"]
-            params = {
-                "ids": _array(o.job_id for o in batch), "leases": _array(o.lease for o in batch),
-                "wall": _array(round(o.wall_s, 6) for o in batch),
-                "cpu": _array(round(o.cpu_s, 6) for o in batch),
-                "rss": _array(o.peak_rss for o in batch), "extra": "{" + ",".join(extras) + "}",
-            }
+            params = _completion_params(batch)
         try:
             cur.execute(statement, params)
         except psycopg2.Error as exc:
