@@ -561,6 +561,10 @@ class Supervisor:
         self._db("reading queue settings", read)
 
     def _on_notify(self) -> None:
+        if not self.notifier.connected:
+            # An earlier event of the same select() lost the database and
+            # closed the LISTEN session: this readiness is stale.
+            return
         try:
             queues, cancels = self.notifier.drain()
         except psycopg2.Error as exc:

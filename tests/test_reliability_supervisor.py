@@ -172,3 +172,33 @@ def test_bad_queue_spec_is_one_line(processes, dsn, spec):
     assert len(text.splitlines()) == 1 and text.startswith("error: ") and "--queue" in text
     assert "Traceback" not in text
 
+
+
+def test_a_notify_event_after_the_connection_was_lost_in_the_same_wakeup_is_ignored(dsn) -> None:
+    """One select() can report the LISTEN socket readable together with a
+    child whose request then finds the database gone: handling the child
+    closes the LISTEN session, and the notify event that follows must not
+    crash the supervisor (the chaos run saw it exit on an assertion)."""
+    import psycopg2
+
+    from awa_pool.config import PoolConfig
+    from awa_pool.supervisor import Supervisor
+
+    supervisor = Supervisor(PoolConfig(dsn=dsn, workers=1))
+    supervisor.notifier.open()
+    supervisor._watch_notifier()
+    notify_fd = supervisor.notify_fd
+    try:
+        with psycopg2.connect(dsn) as producer, producer.cursor() as cur:
+            cur.execute("NOTIFY awa_jobs, 'default'")
+        producer.close()
+        ready = [key.data[0] for key, _ in supervisor.selector.select(5.0)]
+        assert "notify" in ready, "the NOTIFY never reached the LISTEN session"
+        supervisor._lost_db(psycopg2.OperationalError("server closed the connection"))
+        supervisor._on_notify()  # the stale event of the same select()
+        assert not supervisor.notifier.connected
+        assert supervisor.conn is None and supervisor.db_lost_at is not None
+        assert notify_fd not in [key.fd for key in supervisor.selector.get_map().values()]
+    finally:
+        supervisor.notifier.close()
+        supervisor.selector.close()
