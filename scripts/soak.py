@@ -237,14 +237,29 @@ SAMPLE_SQL = {
              -- queue and state first: an index range scan, not a scan of all history
              WHERE j.queue = 'soak' AND j.state = 'completed'
                AND j.finalized_at > now() - make_interval(secs => %s) AND j.attempt = 1
+        ), marks AS (
+            -- The producer's transactions, as id ranges in commit order, and
+            -- the window's jobs, in one id order: each job takes the latest
+            -- range that starts at or before it (a running max, since the
+            -- ranges and their commit times only grow). One sort, instead of
+            -- an index probe per job that cost ~0.3 s of CPU per sample at
+            -- 4,000 jobs/s, enough to show in the pickup it measures.
+            SELECT t.first_id AS id, 0 AS is_job, t.last_id, t.committed,
+                   NULL::float8 AS claimed_at, NULL::float8 AS from_run_at, NULL::boolean AS scheduled
+              FROM soak_tx t
+             WHERE t.last_id >= (SELECT min(w.id) FROM w) AND t.first_id <= (SELECT max(w.id) FROM w)
+            UNION ALL
+            SELECT w.id, 1, NULL, NULL, w.claimed_at, w.from_run_at, w.scheduled FROM w
+        ), tagged AS (
+            SELECT m.*, max(m.last_id) FILTER (WHERE m.is_job = 0) OVER o AS tx_last,
+                   max(m.committed) FILTER (WHERE m.is_job = 0) OVER o AS tx_committed
+              FROM marks m WINDOW o AS (ORDER BY m.id, m.is_job)
         ), p AS (
-            SELECT w.*, w.claimed_at - tx.committed AS from_commit
-              FROM w LEFT JOIN LATERAL (
-                   -- (NULL while the job's own transaction is not recorded yet)
-                   SELECT CASE WHEN w.id <= t.last_id THEN t.committed END AS committed
-                     FROM soak_tx t
-                    WHERE t.first_id <= w.id AND NOT w.scheduled
-                    ORDER BY t.first_id DESC LIMIT 1) tx ON true
+            -- (NULL while the job's own transaction is not recorded yet)
+            SELECT tg.scheduled, tg.from_run_at,
+                   tg.claimed_at - CASE WHEN NOT tg.scheduled AND tg.id <= tg.tx_last
+                                        THEN tg.tx_committed END AS from_commit
+              FROM tagged tg WHERE tg.is_job = 1
         )
         SELECT count(*),
                percentile_cont(0.5) WITHIN GROUP (ORDER BY from_commit) FILTER (WHERE NOT scheduled),
