@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -133,28 +132,15 @@ def main() -> int:
         ap.error("--jobs, --workers and --repeats must be at least 1")
 
     sys.path.insert(0, str(HERE))
-    from scriptdb import drop_database, fresh_database, use_checkout
+    from scriptdb import measure_repeatedly, use_checkout
 
     use_checkout(args.source)  # before anything imports awa_pool
-
-    name = f"awa_cpu_probe_{os.getpid()}"
-    runs = []
-    try:
-        for rep in range(args.repeats):
-            url = fresh_database(args.database_url, name, migrate=False)
-            result = one_run(url, args.source, args.jobs, args.workers, args.timeout)
-            runs.append(result)
-            print(f"run {rep + 1}: {result['jobs_per_s']:,.0f} jobs/s (from the pool's start); "
-                  f"CPU per job: supervisor {result['supervisor']:.1f} us, children "
-                  f"{result['children']:.1f} us, PostgreSQL {result['postgres']:.1f} us, "
-                  f"total {result['total']:.1f} us", flush=True)
-    finally:
-        drop_database(args.database_url, name)
-    if len(runs) > 1:
-        median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-        print(f"median of {len(runs)}: supervisor {median['supervisor']:.1f} us, children "
-              f"{median['children']:.1f} us, PostgreSQL {median['postgres']:.1f} us, "
-              f"total {median['total']:.1f} us per job")
+    measure_repeatedly(
+        args.database_url, f"awa_cpu_probe_{os.getpid()}", args.repeats,
+        lambda url: one_run(url, args.source, args.jobs, args.workers, args.timeout),
+        lambda r: (f"{r['jobs_per_s']:,.0f} jobs/s (from the pool's start); CPU per job: supervisor "
+                   f"{r['supervisor']:.1f} us, children {r['children']:.1f} us, PostgreSQL "
+                   f"{r['postgres']:.1f} us, total {r['total']:.1f} us"))
     return 0
 
 

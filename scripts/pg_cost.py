@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from pathlib import Path
 from typing import Dict
@@ -108,27 +107,15 @@ def main() -> int:
     args = ap.parse_args()
     if min(args.jobs, args.claim, args.flush, args.repeats) < 1:
         ap.error("--jobs, --claim, --flush and --repeats must be at least 1")
-    from scriptdb import drop_database, fresh_database, use_checkout
+    from scriptdb import measure_repeatedly, use_checkout
 
     use_checkout(args.source)  # before anything imports awa_pool
-
-    name = f"awa_pg_cost_{os.getpid()}"
-    runs = []
-    try:
-        for rep in range(args.repeats):
-            url = fresh_database(args.database_url, name, migrate=False)
-            cost = one_run(url, args.jobs, args.claim, args.flush)
-            runs.append(cost)
-            print(f"run {rep + 1}: claims of {args.claim}, flushes of {args.flush}: PostgreSQL CPU "
-                  f"per job: claim {cost['claim']:.1f} us, completion {cost['complete']:.1f} us, "
-                  f"vacuum {cost['vacuum']:.1f} us, total {cost['total']:.1f} us", flush=True)
-    finally:
-        drop_database(args.database_url, name)
-    if len(runs) > 1:
-        median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-        print(f"median of {len(runs)}: claim {median['claim']:.1f} us, completion "
-              f"{median['complete']:.1f} us, vacuum {median['vacuum']:.1f} us, "
-              f"total {median['total']:.1f} us per job")
+    measure_repeatedly(
+        args.database_url, f"awa_pg_cost_{os.getpid()}", args.repeats,
+        lambda url: one_run(url, args.jobs, args.claim, args.flush),
+        lambda c: (f"claims of {args.claim}, flushes of {args.flush}: PostgreSQL CPU per job: claim "
+                   f"{c['claim']:.1f} us, completion {c['complete']:.1f} us, vacuum {c['vacuum']:.1f} us, "
+                   f"total {c['total']:.1f} us"))
     return 0
 
 

@@ -1,5 +1,5 @@
 """Database set-up shared by the scripts in this folder (soak, chaos,
-bench_shards, bench_enqueue)."""
+bench_shards, bench_enqueue, cpu_per_job, pg_cost)."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -71,3 +71,23 @@ def use_checkout(root: str) -> None:
     module = importlib.util.module_from_spec(spec)
     sys.modules["awa_pool.schema"] = module
     spec.loader.exec_module(module)
+
+
+def measure_repeatedly(server_url: str, name: str, repeats: int, measure, describe) -> list:
+    """Call measure(url) `repeats` times, each on a fresh, unmigrated
+    database `name` (dropped at the end), printing describe(result) after
+    each run and, for several runs, describe() of the medians. Returns the
+    results (dicts of numbers)."""
+    import statistics
+
+    runs = []
+    try:
+        for rep in range(repeats):
+            runs.append(measure(fresh_database(server_url, name, migrate=False)))
+            print(f"run {rep + 1}: {describe(runs[-1])}", flush=True)
+    finally:
+        drop_database(server_url, name)
+    if len(runs) > 1:
+        median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+        print(f"median of {len(runs)}: {describe(median)}")
+    return runs

@@ -70,14 +70,21 @@ def test_claim_reads_only_what_it_claims_after_the_queue_fills(dsn: str) -> None
         conn.close()
 
 
-def test_complete_reads_only_the_jobs_it_completes_after_the_table_fills(dsn: str) -> None:
+def warmed_on_an_empty_table(dsn: str):
+    """A session whose complete_jobs plan was made (and, past five calls,
+    cached) while no job existed."""
     conn = psycopg2.connect(dsn)
+    with conn.cursor() as cur:
+        for _ in range(8):
+            cur.execute(COMPLETE, (-1, -1))
+            cur.fetchall()
+    conn.commit()
+    return conn
+
+
+def test_complete_reads_only_the_jobs_it_completes_after_the_table_fills(dsn: str) -> None:
+    conn = warmed_on_an_empty_table(dsn)
     try:
-        with conn.cursor() as cur:
-            for _ in range(8):
-                cur.execute(COMPLETE, (-1, -1))
-                cur.fetchall()
-        conn.commit()
         job_id, lease = fill_and_claim_all(dsn)
         assert rows_read_by(conn, COMPLETE, (job_id, lease)) < 100
     finally:
@@ -131,13 +138,8 @@ def test_a_big_flush_on_the_cached_completion_plan_joins_by_hash_not_by_rescans(
     """complete_jobs' plan, cached on an empty table, must stay linear in the
     flush size: a nested loop rescans the outcome arrays once per row (W2
     fell tenfold when that plan was cached)."""
-    conn = psycopg2.connect(dsn)
+    conn = warmed_on_an_empty_table(dsn)
     try:
-        with conn.cursor() as cur:
-            for _ in range(8):
-                cur.execute(COMPLETE, (-1, -1))
-                cur.fetchall()
-        conn.commit()
         fill(dsn)
         with psycopg2.connect(dsn) as claimer, claimer.cursor() as cur:
             cur.execute(CLAIM, (2_000,))
