@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import json.scanner
 import time
 import traceback
 from typing import Any, Dict, Optional
