@@ -10,6 +10,7 @@ counts the rows that session's next call reads in its own transaction.
 """
 from __future__ import annotations
 
+import json
 from typing import List, Tuple
 
 import psycopg2
@@ -178,5 +179,39 @@ def test_one_id_twice_in_a_flush_completes_the_job_under_its_current_lease(dsn: 
         with conn.cursor() as cur:
             cur.execute("SELECT state::text, lease FROM awa.jobs_done WHERE id = %s", (job_id,))
             assert cur.fetchall() == [("completed", lease)]
+    finally:
+        conn.close()
+
+
+SETTLE = "SELECT job_id FROM awa.settle_jobs(%s::jsonb)"
+
+
+def test_a_big_settle_on_a_plan_cached_on_an_empty_table_reads_by_key_and_joins_by_hash(dsn: str) -> None:
+    """settle_jobs keeps one generic plan too (0013): made while no job
+    existed, it must still read a flush's rows by key, linear in its size."""
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            for _ in range(8):
+                cur.execute(SETTLE, (json.dumps([{"id": -1, "lease": -1, "outcome": "retry"}]),))
+                assert cur.fetchall() == []
+        conn.commit()
+        fill(dsn)
+        with psycopg2.connect(dsn) as claimer, claimer.cursor() as cur:
+            cur.execute(CLAIM, (2_000,))
+            running = cur.fetchall()
+        claimer.close()
+        flush = json.dumps([{"id": job_id, "lease": lease, "outcome": "retry", "delay_s": 60}
+                            for job_id, lease in running])
+        rows, plans = nested_plans(conn, SETTLE, (flush,))
+        assert len(rows) == len(running) == 2_000
+        assert len(plans) == 1, plans
+        assert "Nested Loop" not in plans[0] and "Hash Join" in plans[0], plans[0]
+        assert "jobs_hot_pkey" in plans[0], plans[0]
+        with conn.cursor() as cur:
+            cur.execute(TOUCHED)
+            assert cur.fetchone()[0] <= len(running) + 100
+        conn.commit()
+        assert awa_pool.get_job(conn, running[-1][0]).state == "retryable"
     finally:
         conn.close()
