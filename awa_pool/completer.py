@@ -113,6 +113,8 @@ class Completer:
         """Write everything pending; returns [(job id, new state)] actually
         applied (stale outcomes are silently dropped by the lease guard)."""
         applied: List[Tuple[int, str]] = []
+        if self.completed and self.others:
+            applied += self._flush_both(cur)
         if self.completed:
             applied += self._flush_completed(cur)
         if self.others:
@@ -151,6 +153,21 @@ class Completer:
         self.completed = []
         return [(row[0], "completed") for row in cur.fetchall()]
 
+    def _flush_both(self, cur: Any) -> List[Tuple[int, str]]:
+        """Successes and other outcomes in one statement; if the database
+        refuses it, both lists stay for their own paths (and fallbacks)."""
+        params = _completion_params(self.completed)
+        params.update(self._settle_params(self.others))
+        try:
+            cur.execute(QUERIES["complete_and_settle"], params)
+        except psycopg2.Error as exc:
+            if is_connection_error(exc):
+                raise
+            log.warning("combined flush refused (%s); writing its two parts apart", first_line(exc))
+            return []
+        self.completed, self.others = [], []
+        return [(row[0], row[1]) for row in cur.fetchall()]
+
     def _flush_others(self, cur: Any) -> List[Tuple[int, str]]:
         batch = self.others
         try:
@@ -166,9 +183,12 @@ class Completer:
         self.others = []
         return applied
 
+    def _settle_params(self, outcomes: List[Outcome]) -> Dict[str, Any]:
+        return {"outcomes": json.dumps([settle_entry(o) for o in outcomes], ensure_ascii=False),
+                "max_crashes": self.max_crashes}
+
     def _settle(self, cur: Any, outcomes: List[Outcome]) -> List[Tuple[int, str]]:
-        payload = json.dumps([settle_entry(o) for o in outcomes], ensure_ascii=False)
-        cur.execute(QUERIES["settle_jobs"], {"outcomes": payload, "max_crashes": self.max_crashes})
+        cur.execute(QUERIES["settle_jobs"], self._settle_params(outcomes))
         return [(row[0], row[1]) for row in cur.fetchall()]
 
     def _settle_one(self, cur: Any, outcome: Outcome) -> List[Tuple[int, str]]:

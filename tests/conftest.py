@@ -134,6 +134,18 @@ def conn(dsn: str) -> Iterator[psycopg2.extensions.connection]:
         connection.close()
 
 
+@pytest.fixture
+def auto(dsn: str) -> Iterator[psycopg2.extensions.connection]:
+    """An autocommit connection to the test database, like the supervisor's
+    own sessions (maintenance, completion)."""
+    connection = psycopg2.connect(dsn)
+    connection.autocommit = True
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
 class Processes:
     """Subprocesses started by a test; all killed (with their groups) at the end."""
 

@@ -10,7 +10,7 @@ import pytest
 import awa_pool
 from awa_pool import Job, JobRecord, JobState
 from feature_helpers import APP, connection, enqueue_jobs, get, open_gate, wait_all, wait_state
-from helpers import count_lines, exec_records, wait_for
+from helpers import count_lines, exec_records
 
 
 def _stats(dsn):

@@ -7,7 +7,6 @@ import os
 import signal
 import threading
 import time
-from datetime import timedelta
 from typing import Dict, List, Optional
 
 import psycopg2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import select
-from typing import Iterator, List, Optional
+from typing import List, Optional
 
 import psycopg2
 import psycopg2.extensions
@@ -16,17 +16,6 @@ from awa_pool.maintenance import (ExpireCallbacks, FireCron, ForgetSupervisors, 
                                   RescueDeadlines, RescueLost, Retention, Service, VacuumQueueTables,
                                   default_services)
 from helpers import job_row, query, scalar, wait_for
-
-
-@pytest.fixture
-def auto(dsn: str) -> Iterator[psycopg2.extensions.connection]:
-    """An autocommit connection, like the leader's maintenance session."""
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def _supervisor(dsn: str, *, heartbeat_age_s: float = 0.0, stopped_age_s: Optional[float] = None) -> int:

@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 from datetime import datetime, timedelta, timezone
-from typing import Iterator, List
+from typing import List
 
 import psycopg2
 import psycopg2.extensions
@@ -22,17 +22,6 @@ from awa_pool.periodic_admin import (UnknownSchedule, list_schedules, pause_sche
 from helpers import query, scalar, wait_for
 
 UTC = timezone.utc
-
-
-@pytest.fixture
-def auto(dsn: str) -> Iterator[psycopg2.extensions.connection]:
-    """An autocommit connection, like the leader's maintenance session."""
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def _fires(dsn: str, name: str) -> List[tuple]:

@@ -4,11 +4,10 @@ applying --retention-completed/--retention-failed."""
 from __future__ import annotations
 
 import time
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Optional
 
 import psycopg2
 import psycopg2.extensions
-import pytest
 
 import awa_pool
 from awa_pool import Job
@@ -17,16 +16,6 @@ from helpers import query, scalar, wait_for
 
 HOUR = 3600.0
 DAY = 86400.0
-
-
-@pytest.fixture
-def auto(dsn: str) -> Iterator[psycopg2.extensions.connection]:
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def _done(dsn: str, state: str = "completed", age_s: float = 0.0, *, segment: Optional[int] = None,

@@ -35,6 +35,15 @@ SELECT awa.complete_job(%(id)s, %(lease)s, %(wall)s::real, %(cpu)s::real, %(rss)
 -- name: settle_jobs
 SELECT job_id, new_state::text FROM awa.settle_jobs(%(outcomes)s::jsonb, %(max_crashes)s)
 
+-- name: complete_and_settle
+-- A flush holding both successes and other outcomes: one round trip and one
+-- commit instead of two (the branches run in order, in one transaction).
+SELECT c.id, 'completed' FROM awa.complete_jobs(%(ids)s::bigint[], %(leases)s::bigint[],
+                                                %(wall)s::real[], %(cpu)s::real[], %(rss)s::bigint[],
+                                                %(extra)s::jsonb) AS c(id)
+UNION ALL
+SELECT job_id, new_state::text FROM awa.settle_jobs(%(outcomes)s::jsonb, %(max_crashes)s)
+
 -- name: write_progress
 SELECT awa.write_progress(%(ids)s::bigint[], %(leases)s::bigint[], %(progress)s::jsonb[])
 

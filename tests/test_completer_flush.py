@@ -1,0 +1,72 @@
+"""Completer.flush against a real database: how many statements a flush
+costs, and what happens when the database refuses a value in it."""
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+import awa_pool
+from awa_pool import Job
+from awa_pool.completer import Completer
+from awa_pool.protocol import Outcome
+from helpers import query
+
+
+class CountingCursor:
+    """A real cursor that remembers the statements sent through it."""
+
+    def __init__(self, cur: Any) -> None:
+        self.cur = cur
+        self.statements: List[str] = []
+
+    def execute(self, sql: str, params: Any = None) -> None:
+        self.statements.append(sql)
+        self.cur.execute(sql, params)
+
+    def fetchall(self) -> list:
+        return self.cur.fetchall()
+
+
+def running_jobs(auto, count: int) -> Dict[int, int]:
+    awa_pool.enqueue_many(auto, [Job("k", queue="flush") for _ in range(count)])
+    with auto.cursor() as cur:
+        cur.execute("SELECT id, lease FROM awa.claim('flush', %s, 1)", (count,))
+        return dict(cur.fetchall())
+
+
+def states(dsn: str, ids) -> Dict[int, str]:
+    return dict(query(dsn, "SELECT id, state::text FROM awa.jobs WHERE id = ANY(%s)", (list(ids),)))
+
+
+def test_successes_and_failures_in_one_flush_cost_one_statement(auto, dsn) -> None:
+    leases = running_jobs(auto, 4)
+    done, retried, also_done, failed = leases
+    completer = Completer(max_crashes=3)
+    completer.add(Outcome(done, leases[done], "completed", result='{"n": 1}'))
+    completer.add(Outcome(retried, leases[retried], "retry", error="again", delay_s=60))
+    completer.add(Outcome(also_done, leases[also_done], "completed"))
+    completer.add(Outcome(failed, leases[failed], "fatal", error="no"))
+    with auto.cursor() as raw:
+        cur = CountingCursor(raw)
+        applied = completer.flush(cur)
+    assert len(cur.statements) == 1, cur.statements
+    assert sorted(applied) == sorted([(done, "completed"), (also_done, "completed"),
+                                      (retried, "retryable"), (failed, "failed")])
+    assert states(dsn, leases) == {done: "completed", also_done: "completed", retried: "retryable",
+                                   failed: "failed"}
+    assert awa_pool.get_job(auto, done).result == {"n": 1}
+    assert completer.pending == 0
+
+
+def test_a_value_the_database_refuses_fails_only_its_own_job(auto, dsn) -> None:
+    leases = running_jobs(auto, 3)
+    refused, done, retried = leases
+    completer = Completer(max_crashes=3)
+    # JSON Python would write but jsonb refuses: the whole combined statement fails
+    completer.add(Outcome(refused, leases[refused], "completed", result='{"text": "\\u0000"}'))
+    completer.add(Outcome(done, leases[done], "completed"))
+    completer.add(Outcome(retried, leases[retried], "retry", error="again", delay_s=60))
+    with auto.cursor() as cur:
+        applied = completer.flush(cur)
+    assert sorted(applied) == sorted([(refused, "failed"), (done, "completed"), (retried, "retryable")])
+    assert states(dsn, leases) == {refused: "failed", done: "completed", retried: "retryable"}
+    assert "the database refused this job's outcome" in awa_pool.get_job(auto, refused).errors[-1]["error"]
