@@ -16,8 +16,10 @@ a CSV and, when matplotlib is installed, a PNG plot.
 First, unless --rate is given, it measures the no-op capacity of the same
 supervisors: by default with the producer flooding them with no-op jobs on
 the same machine for --capacity-seconds (what the machine sustains when
-production and consumption share its cores), or with --capacity drain by
-emptying a pre-filled backlog with the producer idle. Exit status 1 when the soak
+production and consumption share its cores), with --capacity loaded-mix the
+same flood made of the soak's own mix (its CPU jobs and retries cost more
+than no-op jobs; --mix noop sends no-op jobs only), or with --capacity drain by emptying a pre-filled backlog
+with the producer idle. Exit status 1 when the soak
 misses its bars: rate held within 5%, p99 pickup under --max-p99-ms in
 every window, dead tuples of the claim-path tables bounded (their highest
 reading, taken every 0.5 s, in the second half no higher than --dead-growth
@@ -135,14 +137,14 @@ def drain_capacity(dsn: str, jobs: int) -> float:
     return (jobs - first) / elapsed
 
 
-def loaded_capacity(dsn: str, seconds: float) -> float:
-    """No-op jobs/s the supervisors finish while the producer floods them
-    with no-op jobs on the same machine: what the machine can sustain when
+def loaded_capacity(dsn: str, seconds: float, make_job: Callable[[random.Random], Job]) -> float:
+    """Jobs/s the supervisors finish while the producer floods them with
+    make_job's jobs on the same machine: what the machine can sustain when
     production and consumption share its cores. Completions are counted over
     the second half of the window (the first fills the backlog); the backlog
     is drained before returning."""
     stop = threading.Event()
-    thread = threading.Thread(target=producer, args=(dsn, None, stop, {}, noop_only), daemon=True)
+    thread = threading.Thread(target=producer, args=(dsn, None, stop, {}, make_job), daemon=True)
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     cur = conn.cursor()
@@ -304,10 +306,14 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--rate", type=float, help="jobs/s (default: capacity x --capacity-fraction)")
     parser.add_argument("--capacity-fraction", type=float, default=0.7)
-    parser.add_argument("--capacity", choices=("loaded", "drain"), default="loaded",
-                        help="how the no-op capacity is measured: 'loaded' (default) with the producer "
-                             "flooding the same machine for --capacity-seconds, 'drain' emptying "
-                             "--calibrate-jobs pre-filled jobs with the producer idle")
+    parser.add_argument("--capacity", choices=("loaded", "loaded-mix", "drain"), default="loaded",
+                        help="how the capacity is measured: 'loaded' (default) with the producer "
+                             "flooding the same machine with no-op jobs for --capacity-seconds, "
+                             "'loaded-mix' the same with the soak's own mix, 'drain' emptying "
+                             "--calibrate-jobs pre-filled no-op jobs with the producer idle")
+    parser.add_argument("--mix", choices=("standard", "noop"), default="standard",
+                        help="what the producer sends: 'standard' (default) the mix above, "
+                             "'noop' no-op jobs only")
     parser.add_argument("--capacity-seconds", type=float, default=30.0)
     parser.add_argument("--calibrate-jobs", type=int, default=20000)
     parser.add_argument("--supervisors", type=int, default=1)
@@ -337,17 +343,20 @@ def main() -> int:
     counts = {"sent": 0}
     rows = []
     failed_bars = []
+    make_job = job_mix if args.mix == "standard" else noop_only
     try:
         rate = args.rate
         if rate is None:
             if args.capacity == "drain":
                 capacity = drain_capacity(dsn, args.calibrate_jobs)
             else:
-                capacity = loaded_capacity(dsn, args.capacity_seconds)
+                capacity = loaded_capacity(dsn, args.capacity_seconds,
+                                           make_job if args.capacity == "loaded-mix" else noop_only)
             rate = capacity * args.capacity_fraction
-            print(f"no-op capacity ({args.capacity}) {capacity:,.0f} jobs/s; soaking at {rate:,.0f} jobs/s "
+            what = "mixed-load" if args.capacity == "loaded-mix" and args.mix == "standard" else "no-op"
+            print(f"{what} capacity ({args.capacity}) {capacity:,.0f} jobs/s; soaking at {rate:,.0f} jobs/s "
                   f"({args.capacity_fraction:.0%})", flush=True)
-        thread = threading.Thread(target=producer, args=(dsn, rate, stop, counts), daemon=True)
+        thread = threading.Thread(target=producer, args=(dsn, rate, stop, counts, make_job), daemon=True)
         sample_conn = psycopg2.connect(dsn)
         sample_conn.autocommit = True
         cur = sample_conn.cursor()

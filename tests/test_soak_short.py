@@ -52,3 +52,35 @@ def test_short_soak_holds_its_rate_and_writes_its_samples(server_url: str, worke
     # The supervisors' round-trip counters reach the samples through their heartbeats.
     assert any(float(r["claims_per_s"]) > 0 and float(r["jobs_per_claim"]) >= 1 for r in warm)
     assert any(float(r["completion_flushes_per_s"]) > 0 for r in warm)
+
+
+@pytest.mark.timeout(240)
+def test_short_soak_at_a_fraction_of_its_own_mix_capacity(server_url: str, worker_id_tag: str,
+                                                          tmp_path: Path) -> None:
+    """--capacity loaded-mix floods the pool with the soak's own mix first,
+    drains that backlog, then soaks at the given fraction of what it finished."""
+    name = f"awa_soak_mix_{worker_id_tag}"
+    out = tmp_path / "soak-mix"
+    try:
+        run = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "soak.py"), "--database-url", server_url,
+             "--database-name", name, "--minutes", "0.2", "--capacity", "loaded-mix",
+             "--capacity-seconds", "3", "--capacity-fraction", "0.05", "--supervisors", "1",
+             "--workers", "2", "--retention", "5s", "--sample", "2", "--max-p99-ms", "5000",
+             "--out", str(out)],
+            capture_output=True, text=True, timeout=200)
+    finally:
+        admin = psycopg2.connect(with_database(server_url, "postgres"))
+        admin.autocommit = True
+        with admin.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+    assert run.returncode == 0, run.stdout + run.stderr
+    first = run.stdout.splitlines()[0]
+    assert first.startswith("mixed-load capacity (loaded-mix) "), first
+    capacity = float(first.split(") ")[1].split(" jobs/s")[0].replace(",", ""))
+    rate = float(first.split("soaking at ")[1].split(" jobs/s")[0].replace(",", ""))
+    assert capacity > 0 and rate == pytest.approx(capacity * 0.05, rel=0.01, abs=1)
+    with open(out.with_suffix(".csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) >= 4
