@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import with_database  # noqa: E402
+from helpers import connection, with_database  # noqa: E402
 
 
 def _server_url(tmp_root: Path) -> str:
@@ -127,23 +127,16 @@ def empty_dsn(server_url: str, worker_id_tag: str) -> Iterator[str]:
 @pytest.fixture
 def conn(dsn: str) -> Iterator[psycopg2.extensions.connection]:
     """A connection to the test database (not autocommit)."""
-    connection = psycopg2.connect(dsn)
-    try:
-        yield connection
-    finally:
-        connection.close()
+    with connection(dsn) as opened:
+        yield opened
 
 
 @pytest.fixture
 def auto(dsn: str) -> Iterator[psycopg2.extensions.connection]:
     """An autocommit connection to the test database, like the supervisor's
     own sessions (maintenance, completion)."""
-    connection = psycopg2.connect(dsn)
-    connection.autocommit = True
-    try:
-        yield connection
-    finally:
-        connection.close()
+    with connection(dsn, autocommit=True) as opened:
+        yield opened
 
 
 class Processes:

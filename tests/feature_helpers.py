@@ -2,30 +2,16 @@
 batches, admin): short connections, waiting for a job's state, gates."""
 from __future__ import annotations
 
-import contextlib
 import signal
 import subprocess
 from pathlib import Path
-from typing import Iterable, Iterator, List, Optional, Sequence
-
-import psycopg2
-import psycopg2.extensions
+from typing import Iterable, List, Optional, Sequence
 
 import awa_pool
 from awa_pool import Job, JobRecord
-from helpers import wait_for
+from helpers import connection, wait_for
 
 APP = "apps.features"
-
-
-@contextlib.contextmanager
-def connection(dsn: str, *, autocommit: bool = False) -> Iterator[psycopg2.extensions.connection]:
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = autocommit
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def enqueue_jobs(dsn: str, *jobs: Job) -> List[int]:

@@ -22,6 +22,17 @@ def with_database(url: str, name: str) -> str:
     return psycopg2.extensions.make_dsn(**params)
 
 
+@contextmanager
+def connection(dsn: str, *, autocommit: bool = False) -> Iterator[psycopg2.extensions.connection]:
+    """A short-lived connection, closed on the way out."""
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = autocommit
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
 def wait_for(predicate: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.02,
              message: str = "condition") -> T:
     """Poll predicate until it returns a truthy value; fail clearly after timeout."""

@@ -17,17 +17,12 @@ from helpers import with_database
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.timeout(240)
-def test_short_soak_holds_its_rate_and_writes_its_samples(server_url: str, worker_id_tag: str,
-                                                          tmp_path: Path) -> None:
-    name = f"awa_soak_{worker_id_tag}"
-    out = tmp_path / "soak"
+def run_soak(server_url: str, name: str, out: Path, *args: str) -> subprocess.CompletedProcess:
+    """scripts/soak.py on its own database (dropped afterwards), output to `out`."""
     try:
-        run = subprocess.run(
+        return subprocess.run(
             [sys.executable, str(ROOT / "scripts" / "soak.py"), "--database-url", server_url,
-             "--database-name", name, "--minutes", "0.4", "--rate", "200", "--supervisors", "2",
-             "--workers", "1", "--retention", "5s", "--sample", "2", "--max-p99-ms", "2000",
-             "--out", str(out)],
+             "--database-name", name, *args, "--out", str(out)],
             capture_output=True, text=True, timeout=200)
     finally:
         admin = psycopg2.connect(with_database(server_url, "postgres"))
@@ -35,6 +30,15 @@ def test_short_soak_holds_its_rate_and_writes_its_samples(server_url: str, worke
         with admin.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+@pytest.mark.timeout(240)
+def test_short_soak_holds_its_rate_and_writes_its_samples(server_url: str, worker_id_tag: str,
+                                                          tmp_path: Path) -> None:
+    out = tmp_path / "soak"
+    run = run_soak(server_url, f"awa_soak_{worker_id_tag}", out,
+                   "--minutes", "0.4", "--rate", "200", "--supervisors", "2", "--workers", "1",
+                   "--retention", "5s", "--sample", "2", "--max-p99-ms", "2000")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "FAILED" not in run.stdout
     # 24 s at 200 jobs/s leave jobs_hot below the leader's vacuum threshold:
@@ -59,22 +63,11 @@ def test_short_soak_at_a_fraction_of_its_own_mix_capacity(server_url: str, worke
                                                           tmp_path: Path) -> None:
     """--capacity loaded-mix floods the pool with the soak's own mix first,
     drains that backlog, then soaks at the given fraction of what it finished."""
-    name = f"awa_soak_mix_{worker_id_tag}"
     out = tmp_path / "soak-mix"
-    try:
-        run = subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "soak.py"), "--database-url", server_url,
-             "--database-name", name, "--minutes", "0.2", "--capacity", "loaded-mix",
-             "--capacity-seconds", "3", "--capacity-fraction", "0.05", "--supervisors", "1",
-             "--workers", "2", "--retention", "5s", "--sample", "2", "--max-p99-ms", "5000",
-             "--out", str(out)],
-            capture_output=True, text=True, timeout=200)
-    finally:
-        admin = psycopg2.connect(with_database(server_url, "postgres"))
-        admin.autocommit = True
-        with admin.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
+    run = run_soak(server_url, f"awa_soak_mix_{worker_id_tag}", out,
+                   "--minutes", "0.2", "--capacity", "loaded-mix", "--capacity-seconds", "3",
+                   "--capacity-fraction", "0.05", "--supervisors", "1", "--workers", "2",
+                   "--retention", "5s", "--sample", "2", "--max-p99-ms", "5000")
     assert run.returncode == 0, run.stdout + run.stderr
     first = run.stdout.splitlines()[0]
     assert first.startswith("mixed-load capacity (loaded-mix) "), first
