@@ -18,9 +18,9 @@ supervisors: by default with the producer flooding them with no-op jobs on
 the same machine for --capacity-seconds (what the machine sustains when
 production and consumption share its cores), with --capacity loaded-mix the
 same flood made of the soak's own mix (its CPU jobs and retries cost more
-than no-op jobs; --mix noop sends no-op jobs only), or with --capacity drain by emptying a pre-filled backlog
-with the producer idle. Exit status 1 when the soak
-misses its bars: rate held within 5%, p99 pickup under --max-p99-ms in
+than no-op jobs; --mix noop sends no-op jobs only), or with --capacity drain
+by emptying a pre-filled backlog with the producer idle. Exit status 1 when
+the soak misses its bars: rate held within 5%, p99 pickup under --max-p99-ms in
 every window, dead tuples of the claim-path tables bounded (their highest
 reading, taken every 0.5 s, in the second half no higher than --dead-growth
 times the larger of the first half's and the leader's vacuum threshold), and total
