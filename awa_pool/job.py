@@ -8,8 +8,9 @@ from __future__ import annotations
 import enum
 import itertools
 import json
+import operator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from .errors import Seconds, to_seconds
@@ -152,6 +153,7 @@ def _make_encode() -> Callable[[Any], str]:
 
 
 _encode = _make_encode()
+_quote = json.encoder.encode_basestring  # a JSON string literal (C)
 
 
 def check_json(value: Any, what: str) -> str:
@@ -261,6 +263,11 @@ _EXPLICIT: Dict[Tuple[bool, ...], FrozenSet[str]] = {
 JOB_DEFAULTS = {"queue": "default", "priority": 2, "max_attempts": 25, "timeout": None}
 
 
+def _read_only(slot: str) -> Any:
+    """A public, read-only view of one of Job's private slots."""
+    return property(operator.attrgetter(slot))
+
+
 class Job:
     """A job to enqueue: a plain, validated, immutable value.
 
@@ -269,9 +276,27 @@ class Job:
     fields this Job does not set itself.
     """
 
-    __slots__ = ("kind", "args", "queue", "priority", "run_at", "delay", "max_attempts",
-                 "timeout", "unique", "tags", "metadata", "ordering_key",
-                 "args_json", "metadata_json", "explicit")
+    # Fields live in private slots behind read-only properties: a plain store
+    # costs a tenth of object.__setattr__ (what a __setattr__-guarded class
+    # needs), and a bulk enqueue builds a Job per row.
+    __slots__ = ("_kind", "_args", "_queue", "_priority", "_run_at", "_delay", "_max_attempts",
+                 "_timeout", "_unique", "_tags", "_metadata", "_ordering_key",
+                 "_args_json", "_metadata_json", "_explicit")
+
+    kind: str = _read_only("_kind")
+    args: Dict[str, Any] = _read_only("_args")
+    queue: str = _read_only("_queue")
+    priority: int = _read_only("_priority")
+    run_at: Optional[datetime] = _read_only("_run_at")
+    delay: Optional[float] = _read_only("_delay")
+    max_attempts: int = _read_only("_max_attempts")
+    timeout: Optional[float] = _read_only("_timeout")
+    unique: Optional[Unique] = _read_only("_unique")
+    tags: Tuple[str, ...] = _read_only("_tags")
+    metadata: Dict[str, Any] = _read_only("_metadata")
+    ordering_key: Optional[str] = _read_only("_ordering_key")
+    args_json: str = _read_only("_args_json")          # compact JSON text of args
+    metadata_json: str = _read_only("_metadata_json")  # and of metadata
 
     def __init__(self, kind: str, args: Optional[Mapping[str, Any]] = None, *,
                  queue: str = _UNSET, priority: int = _UNSET,
@@ -280,78 +305,59 @@ class Job:
                  unique: Optional[Unique] = None, tags: Iterable[str] = (),
                  metadata: Optional[Mapping[str, Any]] = None,
                  ordering_key: Optional[str] = None) -> None:
-        explicit = _EXPLICIT[(queue is not _UNSET, priority is not _UNSET,
-                              max_attempts is not _UNSET, timeout is not _UNSET)]
-        set_ = object.__setattr__
-        set_(self, "explicit", explicit)
-        set_(self, "kind", check_name(kind, "kind"))
-        args_value, args_json = json_object(args, "args")
-        set_(self, "args", args_value)
-        set_(self, "args_json", args_json)
-        set_(self, "queue", "default" if queue is _UNSET else check_name(queue, "queue"))
-        set_(self, "priority", 2 if priority is _UNSET else check_priority(priority))
-        set_(self, "max_attempts", 25 if max_attempts is _UNSET else check_max_attempts(max_attempts))
-        set_(self, "timeout", None if timeout is _UNSET or timeout is None else to_seconds(
-            timeout, "timeout", allow_zero=False))
-        if run_at is not None and delay is not None:
-            raise ValueError("run_at and delay are mutually exclusive: give one or the other")
+        self._explicit = _EXPLICIT[(queue is not _UNSET, priority is not _UNSET,
+                                    max_attempts is not _UNSET, timeout is not _UNSET)]
+        self._kind = check_name(kind, "kind")
+        self._args, self._args_json = json_object(args, "args")
+        self._queue = "default" if queue is _UNSET else check_name(queue, "queue")
+        self._priority = 2 if priority is _UNSET else check_priority(priority)
+        self._max_attempts = 25 if max_attempts is _UNSET else check_max_attempts(max_attempts)
+        self._timeout = None if timeout is _UNSET or timeout is None else to_seconds(
+            timeout, "timeout", allow_zero=False)
         if run_at is not None:
+            if delay is not None:
+                raise ValueError("run_at and delay are mutually exclusive: give one or the other")
             if not isinstance(run_at, datetime):
                 raise TypeError(f"run_at must be a datetime, not {type(run_at).__name__}")
             if run_at.tzinfo is None or run_at.tzinfo.utcoffset(run_at) is None:
                 raise ValueError("run_at must be timezone-aware (for example datetime.now(timezone.utc))")
-        set_(self, "run_at", run_at)
-        set_(self, "delay", None if delay is None else to_seconds(delay, "delay"))
+        self._run_at = run_at
+        self._delay = None if delay is None else to_seconds(delay, "delay")
         if unique is not None and not isinstance(unique, Unique):
             raise TypeError(f"unique must be an awa_pool.Unique, not {type(unique).__name__}")
-        set_(self, "unique", unique)
+        self._unique = unique
         if type(tags) is tuple and not tags:
-            tag_tuple: Tuple[str, ...] = ()
-        elif isinstance(tags, (str, bytes)) or not isinstance(tags, Iterable):
-            raise TypeError("tags must be a collection of strings, not a single string")
+            self._tags: Tuple[str, ...] = ()
         else:
-            tag_tuple = tuple(tags)
-        if len(tag_tuple) > MAX_TAGS:
-            raise ValueError(f"a job may have at most {MAX_TAGS} tags, got {len(tag_tuple)}")
-        for tag in tag_tuple:
-            check_name(tag, "each tag")
-        set_(self, "tags", tag_tuple)
-        metadata_value, metadata_json = json_object(metadata, "metadata")
-        set_(self, "metadata", metadata_value)
-        set_(self, "metadata_json", metadata_json)
-        if ordering_key is not None:
-            check_name(ordering_key, "ordering_key")
-        set_(self, "ordering_key", ordering_key)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("Job is immutable; use job.replace(...)")
-
-    def __delattr__(self, name: str) -> None:
-        raise AttributeError("Job is immutable")
+            self._tags = _check_tags(tags)
+        if metadata is None:
+            self._metadata, self._metadata_json = {}, "{}"
+        else:
+            self._metadata, self._metadata_json = json_object(metadata, "metadata")
+        self._ordering_key = None if ordering_key is None else check_name(ordering_key, "ordering_key")
 
     def replace(self, **changes: Any) -> "Job":
         """A copy with some fields changed (validated again)."""
         fields: Dict[str, Any] = {
-            "args": self.args, "run_at": self.run_at, "delay": self.delay,
-            "unique": self.unique, "tags": self.tags, "metadata": self.metadata,
-            "ordering_key": self.ordering_key,
+            "args": self._args, "run_at": self._run_at, "delay": self._delay,
+            "unique": self._unique, "tags": self._tags, "metadata": self._metadata,
+            "ordering_key": self._ordering_key,
         }
-        for name in ("queue", "priority", "max_attempts", "timeout"):
-            if name in self.explicit:
-                fields[name] = getattr(self, name)
+        for name in self._explicit:
+            fields[name] = getattr(self, name)
         fields.update(changes)
-        return Job(changes.get("kind", self.kind), **{k: v for k, v in fields.items() if k != "kind"})
+        return Job(changes.get("kind", self._kind), **{k: v for k, v in fields.items() if k != "kind"})
 
     def with_defaults(self, defaults: Mapping[str, Any]) -> "Job":
         """Fill the fields this job left unset from a task's declared defaults."""
         missing = {name: value for name, value in defaults.items()
-                   if name not in self.explicit and value is not None}
+                   if name not in self._explicit and value is not None}
         return self.replace(**missing) if missing else self
 
     def _key(self) -> tuple:
-        return (self.kind, self.args_json, self.queue, self.priority, self.run_at, self.delay,
-                self.max_attempts, self.timeout, self.unique, self.tags, self.metadata_json,
-                self.ordering_key)
+        return (self._kind, self._args_json, self._queue, self._priority, self._run_at, self._delay,
+                self._max_attempts, self._timeout, self._unique, self._tags, self._metadata_json,
+                self._ordering_key)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Job) and self._key() == other._key()
@@ -363,35 +369,46 @@ class Job:
         extras = "".join(f", {name}={getattr(self, name)!r}" for name in (
             "queue", "priority", "run_at", "delay", "max_attempts", "timeout", "unique",
             "ordering_key") if getattr(self, name) not in (None, JOB_DEFAULTS.get(name)))
-        return f"Job({self.kind!r}, {self.args!r}{extras})"
+        return f"Job({self._kind!r}, {self._args!r}{extras})"
 
-    def sql_params(self) -> Dict[str, Any]:
-        """The named parameters of awa.insert_job / one element of awa.insert_jobs."""
-        params: Dict[str, Any] = {
-            "kind": self.kind, "args": self.args, "queue": self.queue,
-            "priority": self.priority, "max_attempts": self.max_attempts,
-        }
-        run_at = self.effective_run_at()
-        if run_at is not None:
-            params["run_at"] = run_at.isoformat()
-        if self.timeout is not None:
-            params["timeout_s"] = self.timeout
-        if self.tags:
-            params["tags"] = list(self.tags)
-        if self.metadata:
-            params["metadata"] = self.metadata
-        if self.unique is not None:
-            params["unique_opts"] = self.unique.as_sql_options()
-        if self.ordering_key is not None:
-            params["ordering_key"] = self.ordering_key
-        return params
+    def ready_and_plain(self) -> bool:
+        """Ready now, with no unique key: the bulk fast path can insert it."""
+        return self._unique is None and self._run_at is None and not self._delay
 
-    def effective_run_at(self) -> Optional[datetime]:
-        if self.run_at is not None:
-            return self.run_at
-        if self.delay:
-            return datetime.now(timezone.utc) + timedelta(seconds=self.delay)
-        return None
+    def insert_element(self) -> str:
+        """This job as one element of the JSON array awa.insert_jobs and
+        awa.insert_ready_jobs read, built as text so the already-validated
+        args JSON is not encoded a second time."""
+        parts = ['{"kind":', _quote(self._kind), ',"queue":', _quote(self._queue),
+                 ',"args":', self._args_json, ',"priority":', str(self._priority),
+                 ',"max_attempts":', str(self._max_attempts)]
+        if self._run_at is not None:
+            parts += [',"run_at":', _quote(self._run_at.isoformat())]
+        elif self._delay:
+            parts += [',"delay_s":', repr(self._delay)]
+        if self._timeout is not None:
+            parts += [',"timeout_s":', repr(self._timeout)]
+        if self._tags:
+            parts += [',"tags":', _encode(list(self._tags))]
+        if self._metadata:
+            parts += [',"metadata":', self._metadata_json]
+        if self._unique is not None:
+            parts += [',"unique_opts":', _encode(self._unique.as_sql_options())]
+        if self._ordering_key is not None:
+            parts += [',"ordering_key":', _quote(self._ordering_key)]
+        parts.append("}")
+        return "".join(parts)
+
+
+def _check_tags(tags: Any) -> Tuple[str, ...]:
+    if isinstance(tags, (str, bytes)) or not isinstance(tags, Iterable):
+        raise TypeError("tags must be a collection of strings, not a single string")
+    tag_tuple = tuple(tags)
+    if len(tag_tuple) > MAX_TAGS:
+        raise ValueError(f"a job may have at most {MAX_TAGS} tags, got {len(tag_tuple)}")
+    for tag in tag_tuple:
+        check_name(tag, "each tag")
+    return tag_tuple
 
 
 @dataclass(frozen=True)

@@ -49,37 +49,6 @@ def _single_params(job: Job, *, batch_id: Optional[int] = None, hold: bool = Fal
     }
 
 
-_quote = json.encoder.encode_basestring  # a JSON string literal, fast (C)
-
-
-def _many_entry(job: Job) -> str:
-    """One element of awa.insert_jobs' JSON array, built as text so each
-    job's already-validated args JSON is not encoded a second time."""
-    parts = ['{"kind":', _quote(job.kind), ',"queue":', _quote(job.queue), ',"args":', job.args_json,
-             ',"priority":', str(job.priority), ',"max_attempts":', str(job.max_attempts)]
-    if job.run_at is not None:
-        parts += [',"run_at":', _quote(job.run_at.isoformat())]
-    elif job.delay:
-        parts += [',"delay_s":', repr(job.delay)]
-    if job.timeout is not None:
-        parts += [',"timeout_s":', repr(job.timeout)]
-    if job.tags:
-        parts += [',"tags":', json.dumps(list(job.tags), ensure_ascii=False)]
-    if job.metadata:
-        parts += [',"metadata":', job.metadata_json]
-    if job.unique is not None:
-        parts += [',"unique_opts":', json.dumps(job.unique.as_sql_options())]
-    if job.ordering_key is not None:
-        parts += [',"ordering_key":', _quote(job.ordering_key)]
-    parts.append("}")
-    return "".join(parts)
-
-
-def _ready_and_plain(job: Job) -> bool:
-    """Ready now, with no unique key: the bulk fast path can insert it."""
-    return job.unique is None and job.run_at is None and not job.delay
-
-
 def enqueue(conn: Any, job: Job) -> int:
     """Insert one job in the connection's current transaction; returns its id.
 
@@ -104,9 +73,9 @@ def _insert_many(conn: Any, jobs: Sequence[Job], batch_id: Optional[int]) -> Lis
     with cursor_for(conn) as cur:
         for start in range(0, len(jobs), MANY_CHUNK):
             chunk = jobs[start:start + MANY_CHUNK]
-            payload = "[" + ",".join([_many_entry(job) for job in chunk]) + "]"
+            payload = "[" + ",".join([job.insert_element() for job in chunk]) + "]"
             params = {"jobs": payload, "batch_id": batch_id}
-            if all(_ready_and_plain(job) for job in chunk):
+            if all(job.ready_and_plain() for job in chunk):
                 cur.execute(QUERIES["insert_ready_jobs"], params)
                 ids.extend(sorted(row[0] for row in cur.fetchall()))
             else:

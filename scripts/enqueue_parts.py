@@ -29,7 +29,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
 
 from awa_pool import Job  # noqa: E402
-from awa_pool.producer import _many_entry  # noqa: E402
 from awa_pool.sql import QUERIES  # noqa: E402
 from scriptdb import drop_database, fresh_database  # noqa: E402
 
@@ -56,7 +55,7 @@ def one_repetition(cur, jobs: int) -> dict:
     built = [Job("bench_noop", {"seq": i, "loops": 0}, queue="bench") for i in range(jobs)]
     result["Job()"] = per_job_us(started, jobs)
     started = time.perf_counter()
-    chunks = ["[" + ",".join([_many_entry(job) for job in built[i:i + CHUNK]]) + "]"
+    chunks = ["[" + ",".join([job.insert_element() for job in built[i:i + CHUNK]]) + "]"
               for i in range(0, jobs, CHUNK)]
     result["JSON element"] = per_job_us(started, jobs)
 

@@ -25,6 +25,11 @@ def test_job_is_immutable_and_comparable() -> None:
     job = Job("k", {"a": 1}, queue="q")
     with pytest.raises(AttributeError):
         job.queue = "other"  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        job.surprise = 1  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError):
+        del job.args
+    assert job.args == {"a": 1} and job.args_json == '{"a":1}'
     assert job == Job("k", {"a": 1}, queue="q")
     assert job != Job("k", {"a": 2}, queue="q")
     assert job.replace(priority=1).priority == 1
