@@ -12,6 +12,7 @@ import ctypes
 import json
 import os
 import random
+import select
 import signal
 import sys
 import time
@@ -160,40 +161,64 @@ class PipeChannel:
         return self.status.cancel_requested_for(job_id)
 
 
+class Reporter:
+    """Outcomes on their way to the supervisor. They go out at least every
+    FLUSH_AFTER_S during a batch; the last ones of a batch wait for the next
+    batch's start when one is already queued, so they share its LOW (or its
+    first) write and the supervisor wakes once for both."""
+
+    def __init__(self, up_fd: int, memory: MemoryGauge) -> None:
+        self.up_fd = up_fd
+        self.memory = memory
+        self.pending: List[Outcome] = []
+        self.last_flush = time.monotonic()
+
+    def flush(self, *also: tuple) -> None:
+        """Send what is pending (the peak RSS since the previous flush rides
+        on each outcome) followed by `also`, in one write."""
+        if not self.pending:
+            if also:
+                send(self.up_fd, *also)
+            return
+        peak, current = self.memory.read()
+        outcomes = [o._replace(peak_rss=peak) for o in self.pending] if peak is not None else self.pending
+        send(self.up_fd, (DONE, outcomes, current), *also)
+        self.pending = []
+        self.memory.reset_peak()
+        self.last_flush = time.monotonic()
+
+
+def _next_batch_waiting(down_fd: int, channel: PipeChannel) -> bool:
+    if channel.queued_runs:
+        return True
+    readable, _, _ = select.select([down_fd], [], [], 0)
+    return bool(readable)
+
+
 def _run_batch(jobs: List[tuple], first_position: int, channel: PipeChannel, status: StatusBlock,
-               up_fd: int, result_max_bytes: int, memory: MemoryGauge) -> None:
-    """Run a batch; the peak RSS each flush reports is since the previous
-    flush (or the child's start), which the caller reset."""
-    pending: List[Outcome] = []
-    last_flush = time.monotonic()
+               reporter: Reporter, result_max_bytes: int) -> None:
     low_at = len(jobs) // 2  # tell the supervisor when half the batch has started
-
-    def flush() -> None:
-        nonlocal last_flush
-        peak, current = memory.read()
-        outcomes = [o._replace(peak_rss=peak) for o in pending] if peak is not None else list(pending)
-        send(up_fd, (DONE, outcomes, current))
-        pending.clear()
-        memory.reset_peak()
-        last_flush = time.monotonic()
-
+    if low_at == 0:
+        reporter.flush((LOW,))  # with the previous batch's last outcomes, if they waited
+    else:
+        reporter.flush()
     for index, fields in enumerate(jobs):
         job = JobSpec(*fields)
         if status.cancel_requested_for(job.id) or not status.start(
                 job.id, first_position + index, time.monotonic()):
             # cancelled, or taken back by the supervisor, before it started
-            pending.append(Outcome(job.id, job.lease, "released"))
+            reporter.pending.append(Outcome(job.id, job.lease, "released"))
             continue
-        if index == low_at:
-            send(up_fd, (LOW,))
+        if index == low_at and index > 0:
+            reporter.flush((LOW,))
         outcome = run_job(job, channel, result_max_bytes=result_max_bytes)
         status.clear_running()
         channel.last_progress.pop(job.id, None)
-        pending.append(outcome)
-        if time.monotonic() - last_flush >= FLUSH_AFTER_S:
-            flush()
-    if pending:
-        flush()
+        reporter.pending.append(outcome)
+        if time.monotonic() - reporter.last_flush >= FLUSH_AFTER_S and index < len(jobs) - 1:
+            reporter.flush()
+    if not _next_batch_waiting(channel.down_fd, channel):
+        reporter.flush()
 
 
 def child_main(parent_pid: int, down_fd: int, up_fd: int, status: StatusBlock,
@@ -212,6 +237,7 @@ def child_main(parent_pid: int, down_fd: int, up_fd: int, status: StatusBlock,
             os._exit(EXIT_HOOK_FAILED)
         memory = MemoryGauge()
         memory.reset_peak()  # what the fork and the start hooks used is no job's
+        reporter = Reporter(up_fd, memory)
         send(up_fd, (READY, os.getpid()))
         position = 0  # this child's stream position of the next job it receives
         while True:
@@ -224,8 +250,11 @@ def child_main(parent_pid: int, down_fd: int, up_fd: int, status: StatusBlock,
             if message is None or message[0] == STOP:
                 break
             if message[0] == RUN:
-                _run_batch(message[1], position, channel, status, up_fd, result_max_bytes, memory)
+                _run_batch(message[1], position, channel, status, reporter, result_max_bytes)
                 position += len(message[1])
+            else:
+                reporter.flush()  # what waited for a next batch that did not come
+        reporter.flush()
     except BrokenPipeError:
         pass  # the supervisor is gone
     except BaseException:

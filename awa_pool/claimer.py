@@ -62,10 +62,17 @@ class Claimer:
             previous + EWMA_ALPHA * (seconds - previous))
 
     def _depth(self, queue: str) -> int:
+        """Jobs per child per claim: about TARGET_BATCH_S of work, and at
+        least two of jobs short enough to queue ahead (a batch of one costs
+        a claim, a completion and two wake-ups per job; at most two such
+        jobs wait behind a running one)."""
         seconds = self.job_seconds.get(queue)
         if seconds is None:
             return 1
-        return max(1, min(self.config.max_batch_per_child, int(TARGET_BATCH_S / max(seconds, 1e-6))))
+        depth = int(TARGET_BATCH_S / max(seconds, 1e-6))
+        if seconds < PREFETCH_BELOW_S:
+            depth = max(2, depth)
+        return max(1, min(self.config.max_batch_per_child, depth))
 
     def _next_lease(self) -> int:
         """A lease no other claim ever gets: this supervisor's id (from a

@@ -248,7 +248,8 @@ class BackgroundCompleter:
     retried after a backoff; the thread never drops an entry on its own.
     """
 
-    COALESCE_S = 0.002   # at low load, wait this long for company before flushing
+    COALESCE_S = 0.002       # a small flush waits this long for what arrives with it...
+    MAX_COALESCE_S = 0.02    # ...and a lone outcome up to this long for the next one
 
     def __init__(self, dsn: str, max_crashes: int) -> None:
         self.dsn = dsn
@@ -266,19 +267,34 @@ class BackgroundCompleter:
         self.failures = 0
         self.force = False  # flush progress at once (shutdown)
         self.on_applied: Optional[Any] = None
+        # Outcome arrivals (see _company_window): how often add() brings
+        # some, and whether the last caller expected more soon.
+        self.buffer_adds = 0  # add() calls that brought what the buffer holds
+        self.last_add_at: Optional[float] = None
+        self.gap_s: Optional[float] = None
+        self.more_coming = False
 
     def start(self) -> None:
         self.thread = threading.Thread(target=self._run, name="awa-pool-completer", daemon=True)
         self.thread.start()
 
-    def add(self, outcomes: Iterable[Outcome]) -> None:
+    def add(self, outcomes: Iterable[Outcome], more_coming: bool = False) -> None:
         """Buffer outcomes for the next flush: one lock and one wake-up for
-        all of them (a child reports a batch at a time)."""
+        all of them (a child reports a batch at a time). `more_coming`: jobs
+        are still running, so a small flush may wait for their outcomes."""
+        now = time.monotonic()
         added = 0
         with self.lock:
             for outcome in outcomes:
                 self.buffer.add(outcome)
                 added += 1
+            if added:
+                if self.last_add_at is not None:
+                    gap = min(now - self.last_add_at, 2 * self.MAX_COALESCE_S)
+                    self.gap_s = gap if self.gap_s is None else self.gap_s + 0.2 * (gap - self.gap_s)
+                self.last_add_at = now
+                self.buffer_adds += 1
+                self.more_coming = more_coming
         if added:
             self.wakeup.set()
 
@@ -327,11 +343,41 @@ class BackgroundCompleter:
             wait = 1.0 if due_at is None else max(0.0, due_at - time.monotonic())
             self.wakeup.wait(wait)
             self.wakeup.clear()
-            with self.lock:
-                small = 0 < self.buffer.pending < FLUSH_SIZE // 4
-            if small:
-                time.sleep(self.COALESCE_S)
+            self._wait_for_company()
             self._flush_once()
+
+    def _wait_for_company(self) -> None:
+        """Let a small flush gather company before it goes. Every flush is a
+        statement and a commit whatever its size: first COALESCE_S for what
+        arrives together; then, at a steady trickle (long jobs on several
+        children), a lone outcome waits about one gap between arrivals for
+        the next one, which ends the wait: half the writes."""
+        with self.lock:
+            small = 0 < self.buffer.pending < FLUSH_SIZE // 4
+        if not small:
+            return
+        time.sleep(self.COALESCE_S)
+        while not (self.stopping or self.force):
+            with self.lock:
+                window = self._company_window()
+                if window <= 0 or self.buffer.first_pending_at is None:
+                    return
+                remaining = self.buffer.first_pending_at + window - time.monotonic()
+            if remaining <= 0:
+                return
+            self.wakeup.wait(remaining)
+            self.wakeup.clear()
+
+    def _company_window(self) -> float:
+        """How long after the first pending outcome the flush may wait for a
+        second (lock held): about one gap between arrivals, none once company
+        came, when no job is still running, or when outcomes come further
+        apart than MAX_COALESCE_S."""
+        if self.buffer_adds != 1 or not self.more_coming:
+            return 0.0
+        if self.gap_s is None or self.gap_s >= self.MAX_COALESCE_S:
+            return 0.0
+        return min(self.MAX_COALESCE_S, 1.25 * self.gap_s)
 
     def _flush_once(self) -> None:
         with self.lock:
@@ -348,6 +394,7 @@ class BackgroundCompleter:
                 self.buffer.progress_due_at, batch.progress_due_at = batch.progress_due_at, None
             else:
                 self.buffer = Completer(self.max_crashes)
+            self.buffer_adds = 0
             self.in_flight = {o.job_id for o in batch.completed + batch.others}
         try:
             if self.conn is None or self.conn.closed:
@@ -372,6 +419,7 @@ class BackgroundCompleter:
             self.conn = None
             with self.lock:
                 self.buffer = _merge(batch, self.buffer)
+                self.buffer_adds = 2  # a retry waits for no company
             self.wakeup.wait(min(5.0, 0.1 * (2 ** min(self.failures, 6))))
             self.wakeup.set()  # try again right after the backoff
         finally:

@@ -312,7 +312,7 @@ class Supervisor:
                 self.children.stop(child)
 
     def _record_outcomes(self, queue: Optional[str], outcomes: List[Outcome]) -> None:
-        self.completer.add(outcomes)
+        self.completer.add(outcomes, more_coming=any(child.inflight for child in self.children.all()))
         for outcome in outcomes:
             if queue and outcome.outcome in ("completed", "failed", "retry", "snooze", "cancel"):
                 self.claimer.record_job_time(queue, outcome.wall_s)

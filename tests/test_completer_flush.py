@@ -6,9 +6,9 @@ from typing import Any, Dict, List
 
 import awa_pool
 from awa_pool import Job
-from awa_pool.completer import Completer
+from awa_pool.completer import BackgroundCompleter, Completer
 from awa_pool.protocol import Outcome
-from helpers import query
+from helpers import query, wait_for
 
 
 class CountingCursor:
@@ -70,3 +70,41 @@ def test_a_value_the_database_refuses_fails_only_its_own_job(auto, dsn) -> None:
     assert sorted(applied) == sorted([(refused, "failed"), (done, "completed"), (retried, "retryable")])
     assert states(dsn, leases) == {refused: "failed", done: "completed", retried: "retryable"}
     assert "the database refused this job's outcome" in awa_pool.get_job(auto, refused).errors[-1]["error"]
+
+
+def background(dsn: str, gap_s: float) -> BackgroundCompleter:
+    """A started BackgroundCompleter that believes outcomes arrive every
+    gap_s, with a company window far longer than any test waits."""
+    completer = BackgroundCompleter(dsn, max_crashes=3)
+    completer.MAX_COALESCE_S = 60.0
+    completer.gap_s = gap_s
+    completer.start()
+    return completer
+
+
+def test_a_trickle_of_outcomes_is_written_two_at_a_time(auto, dsn) -> None:
+    """While jobs still run, a lone outcome waits (up to about one gap
+    between arrivals) for the next one: one statement for both."""
+    leases = running_jobs(auto, 2)
+    first, second = leases
+    completer = background(dsn, gap_s=20.0)  # a 25 s window
+    try:
+        completer.add([Outcome(first, leases[first], "completed")], more_coming=True)
+        completer.add([Outcome(second, leases[second], "completed")], more_coming=True)
+        wait_for(lambda: states(dsn, leases) == {first: "completed", second: "completed"},
+                 timeout=10, message="both outcomes written well inside the 25 s window")
+        assert completer.flushes == 1
+    finally:
+        completer.stop()
+
+
+def test_no_wait_for_company_when_no_job_is_running(auto, dsn) -> None:
+    leases = running_jobs(auto, 1)
+    (only,) = leases
+    completer = background(dsn, gap_s=20.0)
+    try:
+        completer.add([Outcome(only, leases[only], "completed")], more_coming=False)
+        wait_for(lambda: states(dsn, leases) == {only: "completed"}, timeout=10,
+                 message="the last outcome written at once, not after a company window")
+    finally:
+        completer.stop()

@@ -9,7 +9,8 @@ import psycopg2
 import pytest
 
 from awa_pool import Job, pause_queue, resume_queue
-from awa_pool.config import QueueConfig
+from awa_pool.claimer import Claimer
+from awa_pool.config import PoolConfig, QueueConfig
 from awa_pool.dispatcher import entitlements, plan
 from helpers import enqueue_jobs, count_lines, exec_records, query, states, wait_for
 
@@ -143,3 +144,19 @@ def test_jobs_queued_behind_a_long_job_are_taken_back(dsn, pools):
     latest = max(finished.values())
     assert (latest - started).total_seconds() < 2.0, \
         f"quick jobs waited {(latest - started).total_seconds():.1f}s behind a 3 s job"
+
+
+@pytest.mark.parametrize("job_s, depth", [
+    (None, 1),        # nothing measured yet: one at a time
+    (0.0001, 40),     # short jobs: about 4 ms of work per batch
+    (0.00001, 64),    # ...up to max_batch_per_child
+    (0.003, 2),       # jobs worth queueing ahead come at least two per batch
+    (0.025, 2),
+    (0.2, 1),         # long jobs: one at a time, nothing queued behind them
+])
+def test_claim_depth_follows_the_queue_s_job_time(job_s, depth) -> None:
+    claimer = Claimer(PoolConfig(dsn="postgresql://unused"), children=None, db=None,
+                      connected=lambda: False, on_claimed=lambda queue, rows: None)
+    if job_s is not None:
+        claimer.record_job_time("q", job_s)
+    assert claimer._depth("q") == depth

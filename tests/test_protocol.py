@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import os
 import select
+import socket
 
-from awa_pool.protocol import DONE, RUN, FrameReader, Outcome, StatusBlock, encode, recv_blocking, send
+import awa_pool
+from awa_pool.child import child_main
+from awa_pool.protocol import (DONE, LOW, READY, RUN, STOP, FrameReader, JobSpec, Outcome, StatusBlock,
+                               encode, recv_blocking, send)
 
 
 def test_frames_survive_partial_reads_and_big_messages():
@@ -147,3 +151,56 @@ def test_a_batch_of_big_jobs_is_split_into_run_frames():
     big = [row(1, half), row(2, half), row(3, 10), row(4, RUN_FRAME_BYTES * 2)]
     frames = _frames(big)
     assert [[r[0] for r in f] for f in frames] == [[1], [2, 3], [4]]  # order kept, one oversize job alone
+
+
+@awa_pool.task("protocol_test_noop")
+def _noop() -> None:
+    return None
+
+
+def _spec(job_id: int) -> tuple:
+    return JobSpec(id=job_id, kind="protocol_test_noop", queue="q", args="{}", priority=2, attempt=1,
+                   max_attempts=25, lease=job_id * 10, timeout_s=None, tags=None, metadata="{}",
+                   created_at=0.0, run_at=0.0, progress=None, callback_result=None, batch_id=None)
+
+
+def test_a_batch_s_last_outcome_shares_a_write_with_the_next_batch_s_low():
+    """One job per batch (long jobs): the outcome of each batch but the last
+    goes out with the next batch's LOW, so the supervisor wakes once per job.
+    A SOCK_SEQPACKET socket keeps each write a separate packet."""
+    down_r, down_w = os.pipe()
+    up_child, up_parent = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    status = StatusBlock()
+    for message in ((RUN, [_spec(1)]), (RUN, [_spec(2)]), (STOP,)):
+        send(down_w, message)
+    pid = os.fork()
+    if pid == 0:
+        up_parent.close()
+        child_main(os.getppid(), down_r, up_child.fileno(), status, [down_w], [], 1 << 20)
+    up_child.close()
+    os.close(down_r)
+    writes = []
+    up_parent.settimeout(10)
+    while True:
+        packet = up_parent.recv(1 << 20)
+        if not packet:
+            break
+        reader_r, reader_w = os.pipe()
+        os.write(reader_w, packet)
+        os.close(reader_w)
+        writes.append([recv_blocking(reader_r)])
+        while (more := recv_blocking(reader_r)) is not None:
+            writes[-1].append(more)
+        os.close(reader_r)
+    os.waitpid(pid, 0)
+    os.close(down_w)
+
+    def shape(message: tuple) -> tuple:
+        return (message[0], [o.job_id for o in message[1]]) if message[0] == DONE else (message[0],)
+
+    assert [[shape(m) for m in write] for write in writes] == [
+        [(READY,)],
+        [(LOW,)],                           # batch 1 starts
+        [(DONE, [1]), (LOW,)],              # batch 2 starts: job 1's outcome rides along
+        [(DONE, [2])],                      # STOP: what waited goes out
+    ]
