@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""CPU each no-op job costs, per process: supervisor, children, PostgreSQL.
+"""CPU each job costs, per process: supervisor, children, PostgreSQL.
 
     python scripts/cpu_per_job.py                         # 40,000 jobs, one child
     python scripts/cpu_per_job.py --jobs 80000 --workers 2 --repeats 3
     python scripts/cpu_per_job.py --source /path/to/other/checkout   # A/B two trees
+    python scripts/cpu_per_job.py --jobs 800 --workers 2 --job-ms 25   # W3-like long jobs
 
-Pre-enqueues --jobs no-op jobs, starts one supervisor (`awa_pool.Pool`) with
+Pre-enqueues --jobs no-op jobs (or jobs burning --job-ms of CPU each, to
+see what long jobs cost outside the children), starts one supervisor (`awa_pool.Pool`) with
 --workers children on them, and polls until every job is completed. The
 CPU time (user + system, from /proc) of the supervisor process (all its
 threads), of its children and of the PostgreSQL backends connected to the
@@ -63,18 +65,28 @@ import awa_pool
 def noop(**_):
     pass
 
+@awa_pool.task("cpu_probe_burn")
+def burn(ms, **_):
+    import time
+    end = time.process_time() + ms / 1000.0
+    while time.process_time() < end:
+        pass
+
 awa_pool.Pool(sys.argv[1], workers=int(sys.argv[2]), queues=["cpu_probe"]).run()
 '''
 
 
-def one_run(url: str, source: str, jobs: int, workers: int, timeout_s: float) -> Dict[str, float]:
+def one_run(url: str, source: str, jobs: int, workers: int, job_ms: float,
+            timeout_s: float) -> Dict[str, float]:
     import awa_pool  # from --source: main() put it first on the path
 
     conn = psycopg2.connect(url)
     awa_pool.migrate(conn)
     for start in range(0, jobs, 5000):
-        awa_pool.enqueue_many(conn, [awa_pool.Job("cpu_probe_noop", {"i": i}, queue="cpu_probe")
-                                     for i in range(start, min(jobs, start + 5000))])
+        awa_pool.enqueue_many(conn, [
+            awa_pool.Job("cpu_probe_burn", {"i": i, "ms": job_ms}, queue="cpu_probe") if job_ms
+            else awa_pool.Job("cpu_probe_noop", {"i": i}, queue="cpu_probe")
+            for i in range(start, min(jobs, start + 5000))])
         conn.commit()
     conn.autocommit = True
     cur = conn.cursor()
@@ -114,6 +126,7 @@ def one_run(url: str, source: str, jobs: int, workers: int, timeout_s: float) ->
     for pid, seconds in last.items():
         per_job[roles[pid]] += seconds * 1e6 / jobs
     per_job["total"] = sum(per_job.values())
+    per_job["outside_children"] = per_job["supervisor"] + per_job["postgres"]
     per_job["jobs_per_s"] = jobs / elapsed
     return per_job
 
@@ -123,6 +136,8 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=40_000)
     ap.add_argument("--workers", type=int, default=1, help="children of the one supervisor")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--job-ms", type=float, default=0.0,
+                    help="each job burns this much CPU (default 0: no-op jobs)")
     ap.add_argument("--source", default=str(HERE.parent), help="checkout whose awa_pool runs")
     ap.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres",
                     help="server to create the scratch database on")
@@ -130,6 +145,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.jobs < 1 or args.workers < 1 or args.repeats < 1:
         ap.error("--jobs, --workers and --repeats must be at least 1")
+    if args.job_ms < 0:
+        ap.error("--job-ms must be 0 or more")
 
     sys.path.insert(0, str(HERE))
     from scriptdb import measure_repeatedly, use_checkout
@@ -137,10 +154,11 @@ def main() -> int:
     use_checkout(args.source)  # before anything imports awa_pool
     measure_repeatedly(
         args.database_url, f"awa_cpu_probe_{os.getpid()}", args.repeats,
-        lambda url: one_run(url, args.source, args.jobs, args.workers, args.timeout),
+        lambda url: one_run(url, args.source, args.jobs, args.workers, args.job_ms, args.timeout),
         lambda r: (f"{r['jobs_per_s']:,.0f} jobs/s (from the pool's start); CPU per job: supervisor "
                    f"{r['supervisor']:.1f} us, children {r['children']:.1f} us, PostgreSQL "
-                   f"{r['postgres']:.1f} us, total {r['total']:.1f} us"))
+                   f"{r['postgres']:.1f} us, total {r['total']:.1f} us; outside the children "
+                   f"{r['outside_children']:.1f} us"))
     return 0
 
 
