@@ -371,6 +371,16 @@ class Job:
             "ordering_key") if getattr(self, name) not in (None, JOB_DEFAULTS.get(name)))
         return f"Job({self._kind!r}, {self._args!r}{extras})"
 
+    def bulk_shape(self) -> Optional[tuple]:
+        """(kind, queue, priority, max_attempts, timeout) when this job is
+        ready now and carries nothing else but its args (no unique key,
+        tags, metadata or ordering key): a chunk of jobs of one shape is
+        inserted from their args alone (awa.insert_uniform_jobs)."""
+        if (self._unique is not None or self._run_at is not None or self._delay or self._tags
+                or self._metadata or self._ordering_key is not None):
+            return None
+        return (self._kind, self._queue, self._priority, self._max_attempts, self._timeout)
+
     def ready_and_plain(self) -> bool:
         """Ready now, with no unique key: the bulk fast path can insert it."""
         return self._unique is None and self._run_at is None and not self._delay

@@ -73,6 +73,15 @@ def _insert_many(conn: Any, jobs: Sequence[Job], batch_id: Optional[int]) -> Lis
     with cursor_for(conn) as cur:
         for start in range(0, len(jobs), MANY_CHUNK):
             chunk = jobs[start:start + MANY_CHUNK]
+            shapes = {job.bulk_shape() for job in chunk}
+            if len(shapes) == 1 and None not in shapes:
+                kind, queue, priority, max_attempts, timeout = shapes.pop()
+                cur.execute(QUERIES["insert_uniform_jobs"], {
+                    "kind": kind, "queue": queue, "priority": priority, "max_attempts": max_attempts,
+                    "timeout_s": timeout, "batch_id": batch_id,
+                    "args": "[" + ",".join([job.args_json for job in chunk]) + "]"})
+                ids.extend(sorted(row[0] for row in cur.fetchall()))
+                continue
             payload = "[" + ",".join([job.insert_element() for job in chunk]) + "]"
             params = {"jobs": payload, "batch_id": batch_id}
             if all(job.ready_and_plain() for job in chunk):

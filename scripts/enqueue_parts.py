@@ -5,12 +5,15 @@
     python scripts/enqueue_parts.py --jobs 50000 --repeats 3
 
 Per job, median of the repetitions: building the `Job` (W1b's payload
-{"seq": i, "loops": 0}), writing its element of the JSON array that
-`enqueue_many` sends, and three ways to put 1,000 jobs into awa.jobs_hot in
-one autocommit statement each: `awa.insert_ready_jobs` (what enqueue_many
-runs), a bare `INSERT ... SELECT FROM jsonb_to_recordset` of the same
-columns, and a `COPY`. The last two are floors for comparison, not paths
-awa_pool offers: a producer role may not write the table directly. The
+{"seq": i, "loops": 0}); the JSON `enqueue_many` sends for it, as an
+element of the array of whole jobs and as an element of the array of args
+alone; and four ways to put 1,000 jobs into awa.jobs_hot in one autocommit
+statement each: `awa.insert_uniform_jobs` (what enqueue_many runs for a
+chunk of one shape, such as W1b's), `awa.insert_ready_jobs` (its path for
+ready jobs of several shapes), a bare `INSERT ... SELECT FROM
+jsonb_to_recordset` of the same columns, and a `COPY`. The last two are
+floors for comparison, not paths awa_pool offers: a producer role may not
+write the table directly. The
 database is created on 127.0.0.1:5432 (user postgres) unless
 --database-url names another server, and dropped at the end.
 """
@@ -58,6 +61,10 @@ def one_repetition(cur, jobs: int) -> dict:
     chunks = ["[" + ",".join([job.insert_element() for job in built[i:i + CHUNK]]) + "]"
               for i in range(0, jobs, CHUNK)]
     result["JSON element"] = per_job_us(started, jobs)
+    started = time.perf_counter()
+    args_chunks = ["[" + ",".join([job.args_json for job in built[i:i + CHUNK]]) + "]"
+                   for i in range(0, jobs, CHUNK)]
+    result["JSON args only"] = per_job_us(started, jobs)
 
     def statement(sql: str, params: dict) -> None:
         cur.execute(sql, params)
@@ -68,6 +75,9 @@ def one_repetition(cur, jobs: int) -> dict:
         cur.copy_expert("COPY awa.jobs_hot (kind, queue, args) FROM STDIN", io.StringIO(rows))
 
     ways = {
+        "insert_uniform_jobs": lambda i: statement(QUERIES["insert_uniform_jobs"], {
+            "kind": "bench_noop", "queue": "bench", "priority": 2, "max_attempts": 25,
+            "timeout_s": None, "args": args_chunks[i // CHUNK], "batch_id": None}),
         "insert_ready_jobs": lambda i: statement(QUERIES["insert_ready_jobs"],
                                                  {"jobs": chunks[i // CHUNK], "batch_id": None}),
         "bare INSERT": lambda i: statement(BARE_INSERT, {"jobs": chunks[i // CHUNK]}),
@@ -100,11 +110,11 @@ def main() -> int:
         drop_database(args.database_url, name)
     for key in runs[0]:
         values = [run[key] for run in runs]
-        print(f"{key:18s} {statistics.median(values):6.2f} us per job "
+        print(f"{key:20s} {statistics.median(values):6.2f} us per job "
               f"({min(values):.2f}-{max(values):.2f})")
-    python_side = statistics.median(r["Job()"] + r["JSON element"] for r in runs)
-    print(f"Job() + JSON + insert_ready_jobs: "
-          f"{1e6 / (python_side + statistics.median(r['insert_ready_jobs'] for r in runs)):,.0f} jobs/s")
+    for json_part, insert in (("JSON args only", "insert_uniform_jobs"), ("JSON element", "insert_ready_jobs")):
+        per_job = statistics.median(r["Job()"] + r[json_part] + r[insert] for r in runs)
+        print(f"Job() + {json_part} + {insert}: {1e6 / per_job:,.0f} jobs/s")
     return 0
 
 

@@ -413,3 +413,34 @@ def test_a_worker_granted_before_a_new_hot_path_function_may_call_it_after_migra
     finally:
         worker_conn.close()
     assert scalar(empty_dsn, "SELECT state::text FROM awa.jobs WHERE id = %s", (job_id,)) == "completed"
+
+
+def test_a_producer_granted_before_the_uniform_bulk_path_may_use_it_after_migrating(
+        make_role, empty_dsn) -> None:
+    """0014 adds awa.insert_uniform_jobs, which enqueue_many uses for a chunk
+    of one shape: a producer granted on a v13 database keeps bulk-enqueueing
+    after `migrate`, without being granted again."""
+    from awa_pool.migrate import MIGRATIONS, migrate
+
+    role = make_role("awa_producer")
+    conn = psycopg2.connect(empty_dsn)
+    try:
+        migrate(conn)
+        conn.commit()
+        _grant(empty_dsn, role, "producer")
+        with conn.cursor() as cur:  # back to version 13: the function and its grants go
+            cur.execute("DROP FUNCTION awa.insert_uniform_jobs(text, text, integer, integer, "
+                        "double precision, jsonb, bigint)")
+            cur.execute("DELETE FROM awa.schema_migrations WHERE version = 14")
+        conn.commit()
+        assert MIGRATIONS[13][:2] == (14, "uniform_bulk_enqueue")
+        assert migrate(conn) == [14]
+    finally:
+        conn.close()
+    producer_conn = psycopg2.connect(_as_role(empty_dsn, role))
+    try:
+        ids = awa_pool.enqueue_many(producer_conn, [Job("noop", {"i": i}) for i in range(5)])
+        producer_conn.commit()
+    finally:
+        producer_conn.close()
+    assert scalar(empty_dsn, "SELECT count(*) FROM awa.jobs WHERE id = ANY(%s)", (ids,)) == 5

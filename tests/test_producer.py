@@ -1,8 +1,10 @@
 """Transactional enqueue, bulk enqueue, uniqueness and the raw SQL entry point."""
 from __future__ import annotations
 
+import contextlib
 import select
 from datetime import datetime, timedelta, timezone
+from typing import Any, Iterator, List
 
 import psycopg2
 import psycopg2.extensions
@@ -217,20 +219,34 @@ def test_raw_sql_insert_is_identical_to_enqueue(conn, dsn) -> None:
         assert py_row[column] == raw_row[column], column
 
 
-def test_notify_reaches_listener_at_commit(conn, dsn) -> None:
+@contextlib.contextmanager
+def awa_jobs_listener(dsn: str) -> Iterator[Any]:
+    """A connection listening on awa_jobs, the supervisors' wake-up channel."""
     listener = psycopg2.connect(dsn)
     listener.autocommit = True
     try:
         with listener.cursor() as cur:
             cur.execute("LISTEN awa_jobs")
+        yield listener
+    finally:
+        listener.close()
+
+
+def wake_ups(listener: Any) -> List[str]:
+    """The queues woken so far (what arrived within 50 ms is read first)."""
+    if select.select([listener], [], [], 0.05)[0]:
+        listener.poll()
+    return [n.payload for n in listener.notifies]
+
+
+def test_notify_reaches_listener_at_commit(conn, dsn) -> None:
+    with awa_jobs_listener(dsn) as listener:
         enqueue(conn, Job("wake", queue="images"))
         assert select.select([listener], [], [], 0.2) == ([], [], [])  # nothing before commit
         conn.commit()
 
         def received():
-            if select.select([listener], [], [], 0.05)[0]:
-                listener.poll()
-            return [n.payload for n in listener.notifies]
+            return wake_ups(listener)
 
         assert wait_for(received, timeout=5, message="NOTIFY after commit") == ["images"]
         listener.notifies.clear()
@@ -249,8 +265,6 @@ def test_notify_reaches_listener_at_commit(conn, dsn) -> None:
         conn.commit()
         assert wait_for(received, timeout=5, message="mixed bulk NOTIFY") == ["q3"]
         assert select.select([listener], [], [], 0.2)[0] == [] and received() == ["q3"]
-    finally:
-        listener.close()
 
 
 def test_task_defaults_apply_to_plain_jobs(conn, dsn) -> None:
@@ -310,6 +324,23 @@ def test_bulk_path_matches_insert_job_row_for_row(conn, dsn) -> None:
             assert 119.5 < waited < 121
 
 
+def assert_rows_as_insert_job_writes(conn, dsn: str, jobs: List[Job], ids: List[int]) -> None:
+    """Each bulk-inserted row equals the row awa.insert_job writes for the
+    same Job (enqueued again, one at a time)."""
+    columns = ("kind", "queue", "args", "state", "priority", "max_attempts", "timeout_s", "tags",
+               "metadata", "lane", "ordering_key", "attempt", "lease", "batch_id", "run_at")
+    for job, job_id in zip(jobs, ids):
+        bulk = job_row(dsn, job_id)
+        single_id = enqueue(conn, job)
+        conn.commit()
+        single = job_row(dsn, single_id)
+        for column in columns:
+            if column == "run_at":  # now() of two transactions
+                assert abs((bulk[column] - single[column]).total_seconds()) < 60
+            else:
+                assert bulk[column] == single[column], (column, bulk[column], single[column])
+
+
 def test_ready_fast_path_matches_insert_job_row_for_row(conn, dsn) -> None:
     """A bulk of ready, non-unique jobs takes awa.insert_ready_jobs; its rows
     must equal awa.insert_job's, and its ids follow the input order."""
@@ -323,18 +354,7 @@ def test_ready_fast_path_matches_insert_job_row_for_row(conn, dsn) -> None:
     conn.commit()
     rows = dict(query(dsn, "SELECT id, (args->>'i')::int FROM awa.jobs"))
     assert [rows[job_id] for job_id in ids] == list(range(500))
-    columns = ("kind", "queue", "args", "state", "priority", "max_attempts", "timeout_s", "tags",
-               "metadata", "lane", "ordering_key", "attempt", "lease", "batch_id", "run_at")
-    for job, job_id in zip(jobs[:4], ids):
-        bulk = job_row(dsn, job_id)
-        single_id = enqueue(conn, job)
-        conn.commit()
-        single = job_row(dsn, single_id)
-        for column in columns:
-            if column == "run_at":  # now() of two transactions
-                assert abs((bulk[column] - single[column]).total_seconds()) < 60
-            else:
-                assert bulk[column] == single[column], (column, bulk[column], single[column])
+    assert_rows_as_insert_job_writes(conn, dsn, jobs[:4], ids)
 
 
 def test_bulk_path_respects_sharded_queues(conn, dsn) -> None:
@@ -354,3 +374,43 @@ def test_bulk_path_respects_sharded_queues(conn, dsn) -> None:
     assert scalar(dsn, "SELECT max(lane) FROM awa.jobs WHERE queue = 'plain'") == 0
     rows = dict(query(dsn, "SELECT id, (args->>'i')::int FROM awa.jobs"))
     assert [rows[i] for i in ids] == [i for i in range(BULK)] * 2
+
+
+def test_uniform_fast_path_matches_insert_job_row_for_row(conn, dsn) -> None:
+    """A chunk of one shape (kind, queue, priority, attempts, timeout, ready,
+    nothing but args) takes awa.insert_uniform_jobs: the rows must equal
+    awa.insert_job's, ids follow the input order, a sharded queue's jobs
+    spread over its lanes, and the queue is woken once, at commit."""
+    from awa_pool import set_queue_shards
+
+    set_queue_shards(conn, "uniform_sharded", 4)
+    conn.commit()
+    nasty = {"tab": "a\tb", "backslash": "c:\\dir\\", "quote": 'say "hi"', "unicode": "ünï ✓ \U0001F600",
+             "nested": {"l": [1, None, "\\N"]}}
+    jobs = [Job("uni", dict(nasty, i=i), queue="uq", priority=1, max_attempts=3, timeout=2.5)
+            for i in range(300)]
+    assert len({job.bulk_shape() for job in jobs}) == 1
+    with awa_jobs_listener(dsn) as listener:
+        ids = enqueue_many(conn, jobs)
+        assert select.select([listener], [], [], 0.2)[0] == []  # nothing before commit
+        conn.commit()
+        assert wait_for(lambda: wake_ups(listener), timeout=5,
+                        message="NOTIFY after the uniform insert") == ["uq"]
+    rows = dict(query(dsn, "SELECT id, (args->>'i')::int FROM awa.jobs"))
+    assert [rows[job_id] for job_id in ids] == list(range(300)) and ids == sorted(ids)
+    assert_rows_as_insert_job_writes(conn, dsn, jobs[:3], ids)
+    enqueue_many(conn, [Job("uni", {"i": i}, queue="uniform_sharded") for i in range(200)])
+    conn.commit()
+    assert scalar(dsn, "SELECT count(DISTINCT lane) FROM awa.jobs WHERE queue = 'uniform_sharded'") > 1
+    assert scalar(dsn, "SELECT max(lane) FROM awa.jobs WHERE queue = 'uq'") == 0
+
+
+def test_a_chunk_of_several_shapes_keeps_each_job_s_own_fields(conn, dsn) -> None:
+    jobs = [Job("shape", {"i": i}, priority=1 + i % 2) for i in range(10)]
+    jobs.append(Job("shape", {"i": 10}, tags=["t"]))
+    ids = enqueue_many(conn, jobs)
+    conn.commit()
+    stored = {row[0]: row[1:] for row in query(
+        dsn, "SELECT id, (args->>'i')::int, priority, tags FROM awa.jobs")}
+    assert [stored[job_id] for job_id in ids] == [
+        (i, 1 + i % 2, []) for i in range(10)] + [(10, 2, ["t"])]

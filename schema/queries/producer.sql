@@ -16,6 +16,12 @@ SELECT ord, id FROM awa.insert_jobs(%(jobs)s::jsonb, %(batch_id)s)
 -- The bulk fast path (ready, not unique): ids, ascending in input order.
 SELECT * FROM awa.insert_ready_jobs(%(jobs)s::jsonb, %(batch_id)s)
 
+-- name: insert_uniform_jobs
+-- The bulk fast path for a chunk of one shape (see Job.bulk_shape): only
+-- the args go per job; ids, ascending in input order.
+SELECT * FROM awa.insert_uniform_jobs(%(kind)s, %(queue)s, %(priority)s, %(max_attempts)s,
+                                      %(timeout_s)s, %(args)s::jsonb, %(batch_id)s)
+
 -- name: insert_batch
 INSERT INTO awa.batches (total, remaining) VALUES (%(total)s, %(total)s) RETURNING id
 
