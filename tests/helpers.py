@@ -142,3 +142,15 @@ def pool_connection(pools: Any, dsn: str, app: str, workers: int = 2) -> Iterato
     finally:
         conn.close()
         assert supervisor.poll() is None, supervisor.log_path.read_text()[-2000:]
+
+
+def start_idle_supervisors(pools: Any, count: int, *args: str, app: str = "apps.basic",
+                           workers: int = 2) -> list:
+    """Start `count` supervisors and wait until every one is registered and
+    reports idle children: jobs enqueued now are shared among them instead
+    of drained by the first to start."""
+    procs = [pools.start(*args, app=app, workers=workers, name=f"supervisor{n}") for n in range(count)]
+    wait_for(lambda: scalar(pools.dsn, "SELECT count(*) FROM awa.supervisors WHERE stopped_at IS NULL"
+                                       " AND (stats->>'idle')::int = %s", (workers,)) == count,
+             timeout=30, message=f"{count} supervisors with idle children")
+    return procs

@@ -15,7 +15,7 @@ import pytest
 import awa_pool
 from awa_pool import Job, Unique
 from feature_helpers import APP, connection, enqueue_jobs, get, open_gate, wait_state
-from helpers import count_lines, exec_records, query, scalar, wait_for
+from helpers import count_lines, exec_records, query, scalar, start_idle_supervisors, wait_for
 
 
 def _enqueue_batch(dsn, jobs, then=None):
@@ -25,22 +25,12 @@ def _enqueue_batch(dsn, jobs, then=None):
     return batch
 
 
-def _start_supervisors(pools, count, *args, workers=2):
-    procs = [pools.start(*args, app=APP, workers=workers, name=f"supervisor{n}") for n in range(count)]
-    # every supervisor registered and reporting idle children: a batch
-    # enqueued now is shared among them instead of drained by the first one
-    wait_for(lambda: scalar(pools.dsn, "SELECT count(*) FROM awa.supervisors WHERE stopped_at IS NULL"
-                                       " AND (stats->>'idle')::int = %s", (workers,)) == count,
-             timeout=30, message=f"{count} supervisors with idle children")
-    return procs
-
-
 def _follow_up_runs(log_dir, then_id):
     return sum(1 for r in exec_records(log_dir) if r[0] == "reduce" and r[1] == then_id)
 
 
 def test_a_batch_of_200_across_3_supervisors_fires_its_follow_up_exactly_once(dsn, pools):
-    _start_supervisors(pools, 3)
+    start_idle_supervisors(pools, 3, app=APP)
     failing = {7, 57, 107, 157}
     parked = {20, 120}  # in a queue nobody serves: cancelled below
     members = [Job("member", {"i": i, "fail": i in failing, "jitter_ms": 20}, max_attempts=1,
@@ -80,7 +70,7 @@ def test_a_batch_of_200_across_3_supervisors_fires_its_follow_up_exactly_once(ds
 def test_members_finishing_at_the_same_instant_on_different_supervisors(dsn, pools):
     """Six members hold all six children of three supervisors, then finish
     together when the test opens their gate; again and again."""
-    _start_supervisors(pools, 3, "--queue", "default", "--queue", "fanin")
+    start_idle_supervisors(pools, 3, "--queue", "default", "--queue", "fanin", app=APP)
     rounds = 8
     spread = []
     for n in range(rounds):

@@ -10,7 +10,8 @@ import psycopg2
 import pytest
 
 from awa_pool import Job, enqueue_many, get_job
-from helpers import enqueue_jobs, count_lines, exec_records, query, scalar, states, wait_for
+from helpers import (enqueue_jobs, count_lines, exec_records, query, scalar, start_idle_supervisors,
+                     states, wait_for)
 
 
 def test_sigterm_drains_running_jobs_and_exits_zero(dsn, pools):
@@ -91,9 +92,8 @@ def test_killed_database_connections_lose_no_job(dsn, pools):
 
 def test_three_supervisors_run_each_job_exactly_once(dsn, pools):
     total = 5000
+    start_idle_supervisors(pools, 3)
     enqueue_jobs(dsn, [Job("noop", {"i": i}) for i in range(total)])
-    for _ in range(3):
-        pools.start(workers=2)
     wait_for(lambda: states(dsn) == {"completed": total}, timeout=120,
              message=f"{total} jobs completed by 3 supervisors")
     records = exec_records(pools.log_dir)
