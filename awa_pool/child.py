@@ -188,10 +188,11 @@ class Reporter:
         self.last_flush = time.monotonic()
 
 
-def _next_batch_waiting(down_fd: int, channel: PipeChannel) -> bool:
+def _next_batch_waiting(channel: PipeChannel) -> bool:
+    """Is a message (a next batch, most likely) already there to read?"""
     if channel.queued_runs:
         return True
-    readable, _, _ = select.select([down_fd], [], [], 0)
+    readable, _, _ = select.select([channel.down_fd], [], [], 0)
     return bool(readable)
 
 
@@ -217,7 +218,7 @@ def _run_batch(jobs: List[tuple], first_position: int, channel: PipeChannel, sta
         reporter.pending.append(outcome)
         if time.monotonic() - reporter.last_flush >= FLUSH_AFTER_S and index < len(jobs) - 1:
             reporter.flush()
-    if not _next_batch_waiting(channel.down_fd, channel):
+    if not _next_batch_waiting(channel):
         reporter.flush()
 
 
