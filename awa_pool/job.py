@@ -376,8 +376,7 @@ class Job:
         ready now and carries nothing else but its args (no unique key,
         tags, metadata or ordering key): a chunk of jobs of one shape is
         inserted from their args alone (awa.insert_uniform_jobs)."""
-        if (self._unique is not None or self._run_at is not None or self._delay or self._tags
-                or self._metadata or self._ordering_key is not None):
+        if not self.ready_and_plain() or self._tags or self._metadata or self._ordering_key is not None:
             return None
         return (self._kind, self._queue, self._priority, self._max_attempts, self._timeout)
 
