@@ -7,8 +7,11 @@ jobs, jobs that fail once and retry, and jobs scheduled a few seconds out.
 Every --sample seconds the script records completion rate, pickup latency
 (claim time - the moment the producer's commit returned, as the benchmark's
 W4 counts it) p50/p99 of the jobs claimed in that window, queue
-depth, and the dead tuples and size of every awa table and index. It writes
-a CSV and, when matplotlib is installed, a PNG plot.
+depth, the dead tuples and size of every awa table and index, the
+producer's longest commit and longest gap between commits (jobs arrive in
+bursts of one WAL flush), and the machine's I/O wait. It writes a CSV and,
+when matplotlib is installed, a PNG plot; --trace-slow-ms also lists every
+slow pickup with the clock time of its claim.
 
     python scripts/soak.py --minutes 10 --capacity-fraction 0.7 \\
         --retention 60s --out docs/soak
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import os
 import random
 import signal
@@ -40,7 +44,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import psycopg2
 
@@ -137,14 +141,15 @@ def drain_capacity(dsn: str, jobs: int) -> float:
     return (jobs - first) / elapsed
 
 
-def loaded_capacity(dsn: str, seconds: float, make_job: Callable[[random.Random], Job]) -> float:
+def loaded_capacity(dsn: str, seconds: float, make_job: "MakeJob") -> float:
     """Jobs/s the supervisors finish while the producer floods them with
     make_job's jobs on the same machine: what the machine can sustain when
     production and consumption share its cores. Completions are counted over
     the second half of the window (the first fills the backlog); the backlog
     is drained before returning."""
     stop = threading.Event()
-    thread = threading.Thread(target=producer, args=(dsn, None, stop, {}, make_job), daemon=True)
+    stats = CommitStats()
+    thread = threading.Thread(target=producer, args=(dsn, None, stop, stats, make_job), daemon=True)
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     cur = conn.cursor()
@@ -157,6 +162,8 @@ def loaded_capacity(dsn: str, seconds: float, make_job: Callable[[random.Random]
     finally:
         stop.set()
         thread.join(30)
+    if stats.error:
+        raise SystemExit(f"soak: the capacity run's producer failed: {stats.error}")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         cur.execute(SAMPLE_SQL["depth"])
@@ -170,34 +177,84 @@ def loaded_capacity(dsn: str, seconds: float, make_job: Callable[[random.Random]
     return capacity
 
 
-def job_mix(rng: random.Random) -> Job:
+def job_mix(rng: random.Random, tx: int) -> Job:
     roll = rng.random()
     if roll < 0.85:
-        return Job("soak_noop", queue="soak")
+        return Job("soak_noop", {"tx": tx}, queue="soak")
     if roll < 0.95:
-        return Job("soak_cpu", {"ms": 0.2}, queue="soak")
+        return Job("soak_cpu", {"ms": 0.2, "tx": tx}, queue="soak")
     if roll < 0.98:
-        return Job("soak_flaky", queue="soak")
-    return Job("soak_noop", {"scheduled": True}, queue="soak", delay=5)
+        return Job("soak_flaky", {"tx": tx}, queue="soak")
+    return Job("soak_noop", {"scheduled": True, "tx": tx}, queue="soak", delay=5)
 
 
-def noop_only(rng: random.Random) -> Job:
-    return Job("soak_noop", queue="soak")
+def noop_only(rng: random.Random, tx: int) -> Job:
+    return Job("soak_noop", {"tx": tx}, queue="soak")
 
 
-def producer(dsn: str, rate: Optional[float], stop: threading.Event, counts: dict,
-             make_job: Callable[[random.Random], Job] = job_mix, tick: float = 0.01) -> None:
+class CommitStats:
+    """What the producer's commits looked like since the last take: the
+    longest commit and the longest time between two commits. Jobs become
+    visible only when their commit's WAL flush ends, so a slow flush or a
+    long gap releases them together: a burst the pool can only drain at its
+    capacity, whose last jobs wait about burst / capacity."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sent = 0
+        self.commit_max_s = 0.0
+        self.gap_max_s = 0.0
+        self.last_commit: Optional[float] = None
+        self.error: Optional[str] = None
+
+    def record(self, jobs: int, commit_started: float, committed_at: float) -> None:
+        with self.lock:
+            self.sent += jobs
+            self.commit_max_s = max(self.commit_max_s, committed_at - commit_started)
+            if self.last_commit is not None:
+                self.gap_max_s = max(self.gap_max_s, committed_at - self.last_commit)
+            self.last_commit = committed_at
+
+    def take(self) -> Tuple[float, float]:
+        with self.lock:
+            taken = self.commit_max_s, self.gap_max_s
+            self.commit_max_s = self.gap_max_s = 0.0
+            return taken
+
+
+MakeJob = Callable[[random.Random, int], Job]
+TX_NUMBERS = itertools.count(1)  # producer transactions, unique within the run
+
+
+def producer(dsn: str, rate: Optional[float], stop: threading.Event, stats: CommitStats,
+             make_job: MakeJob = job_mix, tick: float = 0.01, durable: bool = True) -> None:
+    """A producer thread's body: a failure is kept in stats.error (the soak
+    stops on it) instead of ending the thread silently."""
+    try:
+        produce(dsn, rate, stop, stats, make_job, tick, durable)
+    except Exception as exc:  # noqa: BLE001 - reported by the main thread
+        stats.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+
+def produce(dsn: str, rate: Optional[float], stop: threading.Event, stats: CommitStats,
+            make_job: MakeJob, tick: float, durable: bool) -> None:
     """Enqueue the mix at `rate` jobs/s, paced on real elapsed time: every
     `tick` seconds one transaction holds the jobs that fell due since the
     last one (a producer that commits per job spends the CPU the pool needs
     on commits and wake-ups). rate None: as fast as it can, 1,000 per
-    transaction."""
+    transaction. Every job carries its transaction's number ("tx"); the
+    commit time of each transaction is written to soak_tx with the next one.
+    durable False: commits do not wait for their WAL flush (a diagnostic:
+    what pickup looks like when jobs do not arrive in flush-sized bursts)."""
     conn = psycopg2.connect(dsn)
+    if not durable:
+        with conn, conn.cursor() as cur:
+            cur.execute("SET synchronous_commit = off")
     started = time.monotonic()
     next_tick = started
     sent = 0
     rng = random.Random(7)
-    committed: List[tuple] = []  # (first id, last id, commit time) not yet in soak_tx
+    committed: List[tuple] = []  # (tx, commit time) not yet in soak_tx
     while not stop.is_set():
         if rate is None:
             due = sent + 1000
@@ -205,64 +262,45 @@ def producer(dsn: str, rate: Optional[float], stop: threading.Event, counts: dic
             next_tick += tick
             time.sleep(max(0.0, next_tick - time.monotonic()))
             due = int(rate * (time.monotonic() - started))
-        batch = [make_job(rng) for _ in range(min(due - sent, 5000))]
+        tx = next(TX_NUMBERS)
+        batch = [make_job(rng, tx) for _ in range(min(due - sent, 5000))]
         if batch:
             with conn:
-                ids = awa_pool.enqueue_many(conn, batch)
-                if committed:  # the previous transactions' commit times ride along
+                awa_pool.enqueue_many(conn, batch)
+                if committed:  # the previous transaction's commit time rides along
                     with conn.cursor() as cur:
                         cur.execute(SOAK_TX_INSERT, tuple(map(list, zip(*committed))))
-            committed = [(min(ids), max(ids), time.time())]
+                commit_started = time.monotonic()
+            committed_at = time.monotonic()
+            committed = [(tx, time.time())]
             sent += len(batch)
-            counts["sent"] = sent
+            stats.record(len(batch), commit_started, committed_at)
     conn.close()
 
 
-# When each producer transaction became visible (its COMMIT returned), by id
-# range: pickup is counted from there, as the benchmark's W4 counts latency
-# from the return of the enqueue call. A job's run_at is its transaction's
-# start, so measuring from run_at would also count the producer's own
-# statement and commit (and any moment its thread waited for a CPU).
-SOAK_TX_TABLE = "CREATE TABLE soak_tx (first_id bigint PRIMARY KEY, last_id bigint, committed double precision)"
-SOAK_TX_INSERT = "INSERT INTO soak_tx SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::float8[])"
+# When each producer transaction became visible (its COMMIT returned): pickup
+# is counted from there, as the benchmark's W4 counts latency from the return
+# of the enqueue call. A job's run_at is its transaction's start, so
+# measuring from run_at would also count the producer's own statement and
+# commit (and any moment its thread waited for a CPU).
+SOAK_TX_TABLE = "CREATE TABLE soak_tx (tx bigint PRIMARY KEY, committed double precision)"
+SOAK_TX_INSERT = "INSERT INTO soak_tx SELECT * FROM unnest(%s::bigint[], %s::float8[])"
 
 
 SAMPLE_SQL = {
     # Pickup of ready jobs (first attempts); scheduled jobs are reported apart
     # because their lateness includes the leader's promotion interval.
     "window": """
-        WITH w AS (
-            SELECT j.id, extract(epoch FROM j.attempted_at) AS claimed_at,
-                   extract(epoch FROM j.attempted_at - j.run_at) AS from_run_at,
-                   j.args ? 'scheduled' AS scheduled
-              FROM awa.jobs_done j
-             -- queue and state first: an index range scan, not a scan of all history
-             WHERE j.queue = 'soak' AND j.state = 'completed' AND j.attempt = 1
-               AND j.finalized_at > to_timestamp(%(lo)s) AND j.finalized_at <= to_timestamp(%(hi)s)
-        ), marks AS (
-            -- The producer's transactions, as id ranges in commit order, and
-            -- the slice's jobs, in one id order: each job takes the latest
-            -- range that starts at or before it (a running max, since the
-            -- ranges and their commit times only grow). One sort, instead of
-            -- an index probe per job that cost ~0.3 s of CPU per sample at
-            -- 4,000 jobs/s, enough to show in the pickup it measures.
-            SELECT t.first_id AS id, 0 AS is_job, t.last_id, t.committed,
-                   NULL::float8 AS claimed_at, NULL::float8 AS from_run_at, NULL::boolean AS scheduled
-              FROM soak_tx t
-             WHERE t.last_id >= (SELECT min(w.id) FROM w) AND t.first_id <= (SELECT max(w.id) FROM w)
-            UNION ALL
-            SELECT w.id, 1, NULL, NULL, w.claimed_at, w.from_run_at, w.scheduled FROM w
-        ), tagged AS (
-            SELECT m.*, max(m.last_id) FILTER (WHERE m.is_job = 0) OVER o AS tx_last,
-                   max(m.committed) FILTER (WHERE m.is_job = 0) OVER o AS tx_committed
-              FROM marks m WINDOW o AS (ORDER BY m.id, m.is_job)
-        )
-        -- one row per job: (from commit, from run_at, scheduled); from commit
-        -- is NULL while the job's own transaction is not recorded yet
-        SELECT tg.claimed_at - CASE WHEN NOT tg.scheduled AND tg.id <= tg.tx_last
-                                    THEN tg.tx_committed END,
-               tg.from_run_at, tg.scheduled
-          FROM tagged tg WHERE tg.is_job = 1""",
+        -- one row per job: (from commit, from run_at, scheduled, claimed at);
+        -- from commit is NULL while the job's transaction is not recorded yet
+        SELECT extract(epoch FROM j.attempted_at)::float8 - t.committed,
+               extract(epoch FROM j.attempted_at - j.run_at)::float8, j.args ? 'scheduled',
+               extract(epoch FROM j.attempted_at)::float8
+          FROM awa.jobs_done j
+          LEFT JOIN soak_tx t ON t.tx = (j.args->>'tx')::bigint AND NOT j.args ? 'scheduled'
+         -- queue and state first: an index range scan, not a scan of all history
+         WHERE j.queue = 'soak' AND j.state = 'completed' AND j.attempt = 1
+           AND j.finalized_at > to_timestamp(%(lo)s) AND j.finalized_at <= to_timestamp(%(hi)s)""",
     "depth": """
         SELECT (SELECT count(*) FROM awa.jobs_hot WHERE state = 'available'),
                (SELECT count(*) FROM awa.jobs_hot WHERE state = 'running'),
@@ -303,10 +341,12 @@ PICKUP_LAG_S = 0.5
 class Pickups:
     """First-attempt pickups of the window so far, read a slice at a time."""
 
-    def __init__(self, cur, since: float) -> None:
+    def __init__(self, cur, since: float, slow_s: Optional[float] = None) -> None:
         self.cur = cur
         self.read_up_to = since
         self.rows: List[tuple] = []
+        self.slow_s = slow_s
+        self.slow: List[tuple] = []  # (claimed at, pickup s) above slow_s, for --trace-slow-ms
 
     def read_if_due(self, force: bool = False) -> None:
         upper = time.time() - PICKUP_LAG_S
@@ -322,11 +362,36 @@ class Pickups:
         self.read_if_due(force=True)
         rows, self.rows = self.rows, []
         ready = [row for row in rows if not row[2]]
+        if self.slow_s is not None:
+            self.slow += [(row[3], row[0]) for row in ready if row[0] is not None and row[0] > self.slow_s]
         from_commit = sorted(row[0] for row in ready if row[0] is not None)
         from_run_at = sorted(row[1] for row in ready)
         scheduled = sorted(row[1] for row in rows if row[2])
         return (len(rows), percentile(from_commit, 0.5), percentile(from_commit, 0.99),
                 percentile(from_run_at, 0.99), percentile(scheduled, 0.99))
+
+
+class IoWait:
+    """Share of CPU time the machine spent waiting for disk I/O since the
+    last take (Linux /proc/stat; None elsewhere)."""
+
+    def __init__(self) -> None:
+        self.last = self._read()
+
+    @staticmethod
+    def _read() -> Optional[List[int]]:
+        try:
+            with open("/proc/stat") as f:
+                return [int(v) for v in f.readline().split()[1:9]]
+        except (OSError, ValueError):
+            return None
+
+    def take(self) -> Optional[float]:
+        now, last = self._read(), self.last
+        self.last = now
+        if now is None or last is None or sum(now) == sum(last):
+            return None
+        return round(100.0 * (now[4] - last[4]) / (sum(now) - sum(last)), 1)
 
 
 def percentile(ordered: List[float], q: float) -> Optional[float]:
@@ -357,6 +422,10 @@ def main() -> int:
                         help="what the producer sends: 'standard' (default) the mix above, "
                              "'noop' no-op jobs only")
     parser.add_argument("--capacity-seconds", type=float, default=30.0)
+    parser.add_argument("--producer-commit", choices=("durable", "async"), default="durable",
+                        help="'async' commits the soak's jobs without waiting for their WAL flush "
+                             "(synchronous_commit off): a diagnostic that shows pickup without the "
+                             "bursts a slow flush releases (the capacity run stays durable)")
     parser.add_argument("--calibrate-jobs", type=int, default=20000)
     parser.add_argument("--supervisors", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2)
@@ -365,6 +434,9 @@ def main() -> int:
     parser.add_argument("--max-p99-ms", type=float, default=50.0)
     parser.add_argument("--dead-growth", type=float, default=1.5)
     parser.add_argument("--out", default="soak", help="output prefix for .csv and .png")
+    parser.add_argument("--trace-slow-ms", type=float,
+                        help="also write OUT-slow.csv: every first-attempt pickup slower than this, "
+                             "with the wall-clock time of its claim (to line stalls up with server logs)")
     args = parser.parse_args()
 
     dsn = fresh_database(args.database_url, args.database_name)
@@ -382,7 +454,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("soak: terminated"))
     supervisors = Supervisors(dsn, args.supervisors, args.workers, args.retention, app_dir)
     stop = threading.Event()
-    counts = {"sent": 0}
+    stats = CommitStats()
     rows = []
     failed_bars = []
     make_job = job_mix if args.mix == "standard" else noop_only
@@ -398,18 +470,23 @@ def main() -> int:
             what = "mixed-load" if args.capacity == "loaded-mix" and args.mix == "standard" else "no-op"
             print(f"{what} capacity ({args.capacity}) {capacity:,.0f} jobs/s; soaking at {rate:,.0f} jobs/s "
                   f"({args.capacity_fraction:.0%})", flush=True)
-        thread = threading.Thread(target=producer, args=(dsn, rate, stop, counts, make_job), daemon=True)
         sample_conn = psycopg2.connect(dsn)
         sample_conn.autocommit = True
         cur = sample_conn.cursor()
         started = time.monotonic()
+        thread = threading.Thread(target=producer, args=(dsn, rate, stop, stats, make_job),
+                                  kwargs={"durable": args.producer_commit == "durable"}, daemon=True)
         thread.start()
         end = started + args.minutes * 60
         next_sample = started + args.sample
         header_printed = False
         previous_trips = None
-        pickups = Pickups(cur, time.time() - PICKUP_LAG_S)
+        iowait = IoWait()
+        pickups = Pickups(cur, time.time() - PICKUP_LAG_S,
+                          None if args.trace_slow_ms is None else args.trace_slow_ms / 1000)
         while time.monotonic() < end:
+            if stats.error:
+                raise SystemExit(f"soak: the producer failed: {stats.error}")
             dead_peaks = {table: 0 for table in CLAIM_PATH_TABLES}
             while True:
                 cur.execute(SAMPLE_SQL["claim_path_dead"], (list(CLAIM_PATH_TABLES),))
@@ -433,8 +510,9 @@ def main() -> int:
             claims, empty, claimed, flushes = (
                 [now_ - before for now_, before in zip(trips, previous_trips)] if previous_trips else [0, 0, 0, 0])
             previous_trips = trips
+            commit_max, gap_max = stats.take()
             row = {
-                "t": round(now - started, 1), "sent": counts["sent"],
+                "t": round(now - started, 1), "sent": stats.sent,
                 "completed_per_s": round(completed_window / args.sample, 1),
                 "pickup_p50_ms": round((p50 or 0) * 1000, 2), "pickup_p99_ms": round((p99 or 0) * 1000, 2),
                 "pickup_from_run_at_p99_ms": round((p99_from_run_at or 0) * 1000, 2),
@@ -445,6 +523,12 @@ def main() -> int:
                 "empty_claims_per_s": round(empty / args.sample, 1),
                 "jobs_per_claim": round(claimed / claims, 1) if claims else 0,
                 "completion_flushes_per_s": round(flushes / args.sample, 1),
+                # A slow producer commit (its WAL flush), or a long gap between
+                # two commits, holds jobs back and then releases them together:
+                # a burst the pool drains at its capacity.
+                "producer_commit_max_ms": round(commit_max * 1000, 1),
+                "producer_gap_max_ms": round(gap_max * 1000, 1),
+                "iowait_pct": iowait.take(),
             }
             for name, (dead, live, size) in sorted(tables.items()):
                 row[f"{name}.dead"] = dead
@@ -456,11 +540,14 @@ def main() -> int:
                 row[f"{name}.dead_peak"] = peak
             rows.append(row)
             if not header_printed:
-                print("     t  rate/s  p50ms  p99ms  avail  hot.dead^  total MB  claims/s  jobs/claim", flush=True)
+                print("     t  rate/s  p50ms  p99ms  avail  hot.dead^  total MB  claims/s  jobs/claim  commit^ms  gap^ms  iowait%",
+                      flush=True)
                 header_printed = True
             print(f"{row['t']:6.0f} {row['completed_per_s']:7.0f} {row['pickup_p50_ms']:6.1f} "
                   f"{row['pickup_p99_ms']:6.1f} {available:6d} {row['jobs_hot.dead_peak']:9d} "
-                  f"{row['total_bytes'] / 1e6:9.1f} {row['claims_per_s']:9.0f} {row['jobs_per_claim']:11.1f}",
+                  f"{row['total_bytes'] / 1e6:9.1f} {row['claims_per_s']:9.0f} {row['jobs_per_claim']:11.1f} "
+                  f"{row['producer_commit_max_ms']:10.1f} {row['producer_gap_max_ms']:7.1f} "
+                  f"{'-' if row['iowait_pct'] is None else row['iowait_pct']:>8}",
                   flush=True)
         stop.set()
         thread.join(10)
@@ -477,6 +564,15 @@ def main() -> int:
         writer.writeheader()
         writer.writerows(rows)
     print(f"wrote {out.with_suffix('.csv')}")
+    if args.trace_slow_ms is not None:
+        slow_path = out.with_name(out.name + "-slow.csv")
+        with open(slow_path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["claimed_at_utc", "pickup_ms"])
+            for claimed_at, pickup in sorted(pickups.slow):
+                stamp = time.strftime("%H:%M:%S", time.gmtime(claimed_at)) + f"{claimed_at % 1:.3f}"[1:]
+                writer.writerow([stamp, round(pickup * 1000, 1)])
+        print(f"wrote {slow_path} ({len(pickups.slow)} pickups over {args.trace_slow_ms:g} ms)")
 
     # -- the bars -------------------------------------------------------------------
     warm = [r for r in rows if r["t"] > 2 * args.sample]

@@ -38,7 +38,7 @@ def test_short_soak_holds_its_rate_and_writes_its_samples(server_url: str, worke
     out = tmp_path / "soak"
     run = run_soak(server_url, f"awa_soak_{worker_id_tag}", out,
                    "--minutes", "0.4", "--rate", "200", "--supervisors", "2", "--workers", "1",
-                   "--retention", "5s", "--sample", "2", "--max-p99-ms", "2000")
+                   "--retention", "5s", "--sample", "2", "--max-p99-ms", "2000", "--trace-slow-ms", "0")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "FAILED" not in run.stdout
     # 24 s at 200 jobs/s leave jobs_hot below the leader's vacuum threshold:
@@ -56,6 +56,14 @@ def test_short_soak_holds_its_rate_and_writes_its_samples(server_url: str, worke
     # The supervisors' round-trip counters reach the samples through their heartbeats.
     assert any(float(r["claims_per_s"]) > 0 and float(r["jobs_per_claim"]) >= 1 for r in warm)
     assert any(float(r["completion_flushes_per_s"]) > 0 for r in warm)
+    # Every window saw producer commits (one per 10 ms tick), each taking some time.
+    assert all(float(r["producer_commit_max_ms"]) > 0 for r in warm)
+    assert all(0 <= float(r["iowait_pct"]) <= 100 for r in warm if r["iowait_pct"] != "")
+    # With a 0 ms threshold every first-attempt pickup is traced, each with its claim's clock time.
+    with open(out.with_name("soak-slow.csv")) as f:
+        slow = list(csv.DictReader(f))
+    assert len(slow) > 0.5 * 200 * 20, len(slow)
+    assert all(len(r["claimed_at_utc"]) == 12 and float(r["pickup_ms"]) >= 0 for r in slow)
 
 
 @pytest.mark.timeout(240)
