@@ -14,7 +14,10 @@ threads), of its children and of the PostgreSQL backends connected to the
 database (its claim, completion, LISTEN and leader sessions) is read just
 before the last job lands, and divided by the number of jobs. A rough
 profile, Linux only: it needs /proc, and the backends must run on this
-machine (a local server).
+machine (a local server). It also reports the WAL each job wrote while
+being enqueued and while being claimed and completed (the server's WAL
+position before and after each phase, so anything else writing on the
+server counts too; full-page images included).
 
 --source runs the supervisor from another checkout (its awa_pool package
 and schema), so two commits can be compared on the same machine, one run
@@ -44,6 +47,18 @@ def cpu_seconds(pid: int) -> float:
     except (FileNotFoundError, ProcessLookupError):
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wal_position(conn) -> str:
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_current_wal_lsn()::text")
+        return cur.fetchone()[0]
+
+
+def wal_bytes(conn, start: str, end: str) -> float:
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)::float8", (end, start))
+        return cur.fetchone()[0]
 
 
 def children_of(pid: int) -> List[int]:
@@ -82,6 +97,7 @@ def one_run(url: str, source: str, jobs: int, workers: int, job_ms: float,
 
     conn = psycopg2.connect(url)
     awa_pool.migrate(conn)
+    enqueue_from = wal_position(conn)
     for start in range(0, jobs, 5000):
         awa_pool.enqueue_many(conn, [
             awa_pool.Job("cpu_probe_burn", {"i": i, "ms": job_ms}, queue="cpu_probe") if job_ms
@@ -89,8 +105,10 @@ def one_run(url: str, source: str, jobs: int, workers: int, job_ms: float,
             for i in range(start, min(jobs, start + 5000))])
         conn.commit()
     conn.autocommit = True
+    enqueue_to = wal_position(conn)
     cur = conn.cursor()
     cur.execute("VACUUM ANALYZE awa.jobs_hot")
+    drain_from = wal_position(conn)
     cur.execute("SELECT current_database()")
     database = cur.fetchone()[0]
 
@@ -111,6 +129,7 @@ def one_run(url: str, source: str, jobs: int, workers: int, job_ms: float,
             last = {pid: cpu_seconds(pid) for pid in roles}
             cur.execute("SELECT count(*) FROM awa.jobs_done WHERE queue = 'cpu_probe'")
             if cur.fetchone()[0] >= jobs:
+                drain_to = wal_position(conn)
                 break
             if pool.poll() is not None:
                 raise SystemExit(f"the pool exited with status {pool.returncode}")
@@ -121,13 +140,15 @@ def one_run(url: str, source: str, jobs: int, workers: int, job_ms: float,
     finally:
         pool.terminate()
         pool.wait(timeout=60)
-        conn.close()
     per_job = {"supervisor": 0.0, "children": 0.0, "postgres": 0.0}
     for pid, seconds in last.items():
         per_job[roles[pid]] += seconds * 1e6 / jobs
     per_job["total"] = sum(per_job.values())
     per_job["outside_children"] = per_job["supervisor"] + per_job["postgres"]
     per_job["jobs_per_s"] = jobs / elapsed
+    per_job["wal_enqueue"] = wal_bytes(conn, enqueue_from, enqueue_to) / jobs
+    per_job["wal_drain"] = wal_bytes(conn, drain_from, drain_to) / jobs
+    conn.close()
     return per_job
 
 
@@ -158,7 +179,8 @@ def main() -> int:
         lambda r: (f"{r['jobs_per_s']:,.0f} jobs/s (from the pool's start); CPU per job: supervisor "
                    f"{r['supervisor']:.1f} us, children {r['children']:.1f} us, PostgreSQL "
                    f"{r['postgres']:.1f} us, total {r['total']:.1f} us; outside the children "
-                   f"{r['outside_children']:.1f} us"))
+                   f"{r['outside_children']:.1f} us; WAL per job: enqueue {r['wal_enqueue']:,.0f} B, "
+                   f"claim and completion {r['wal_drain']:,.0f} B"))
     return 0
 
 
