@@ -233,7 +233,8 @@ def producer(dsn: str, rate: Optional[float], stop: threading.Event, stats: Comm
     try:
         produce(dsn, rate, stop, stats, make_job, tick, durable)
     except Exception as exc:  # noqa: BLE001 - reported by the main thread
-        stats.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        lines = str(exc).strip().splitlines()
+        stats.error = f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def produce(dsn: str, rate: Optional[float], stop: threading.Event, stats: CommitStats,
