@@ -43,8 +43,9 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import psycopg2
 
@@ -193,11 +194,20 @@ def noop_only(rng: random.Random, tx: int) -> Job:
 
 
 class CommitStats:
-    """What the producer's commits looked like since the last take: the
-    longest commit and the longest time between two commits. Jobs become
-    visible only when their commit's WAL flush ends, so a slow flush or a
-    long gap releases them together: a burst the pool can only drain at its
-    capacity, whose last jobs wait about burst / capacity."""
+    """The producer's commits. Pickup is counted from the moment a job's
+    transaction became visible (its COMMIT returned), as the benchmark's W4
+    counts latency from the return of the enqueue call: a job's run_at is its
+    transaction's start, so measuring from run_at would also count the
+    producer's own statement and commit. Every job carries its transaction's
+    number ("tx"); the commit times are kept here, by number, for
+    COMMIT_TIMES_KEPT_S (a job picked up later than that counts as not yet
+    known).
+
+    Also, since the last take: the longest commit and the longest time
+    between two commits. Jobs become visible only when their commit's WAL
+    flush ends, so a slow flush or a long gap releases them together: a
+    burst the pool can only drain at its capacity, whose last jobs wait
+    about burst / capacity."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -205,10 +215,18 @@ class CommitStats:
         self.commit_max_s = 0.0
         self.gap_max_s = 0.0
         self.last_commit: Optional[float] = None
+        self.committed: Dict[int, float] = {}  # tx -> wall-clock commit time, in tx order
         self.error: Optional[str] = None
 
-    def record(self, jobs: int, commit_started: float, committed_at: float) -> None:
+    def record(self, jobs: int, tx: int, commit_started: float, committed_at: float) -> None:
+        wall = time.time()
         with self.lock:
+            self.committed[tx] = wall
+            while self.committed:
+                oldest = next(iter(self.committed))
+                if self.committed[oldest] >= wall - COMMIT_TIMES_KEPT_S:
+                    break
+                del self.committed[oldest]
             self.sent += jobs
             self.commit_max_s = max(self.commit_max_s, committed_at - commit_started)
             if self.last_commit is not None:
@@ -221,9 +239,14 @@ class CommitStats:
             self.commit_max_s = self.gap_max_s = 0.0
             return taken
 
+    def commit_time(self, tx: Optional[int]) -> Optional[float]:
+        with self.lock:
+            return self.committed.get(tx)
+
 
 MakeJob = Callable[[random.Random, int], Job]
 TX_NUMBERS = itertools.count(1)  # producer transactions, unique within the run
+COMMIT_TIMES_KEPT_S = 600.0
 
 
 def producer(dsn: str, rate: Optional[float], stop: threading.Event, stats: CommitStats,
@@ -243,8 +266,7 @@ def produce(dsn: str, rate: Optional[float], stop: threading.Event, stats: Commi
     `tick` seconds one transaction holds the jobs that fell due since the
     last one (a producer that commits per job spends the CPU the pool needs
     on commits and wake-ups). rate None: as fast as it can, 1,000 per
-    transaction. Every job carries its transaction's number ("tx"); the
-    commit time of each transaction is written to soak_tx with the next one.
+    transaction. Every job carries its transaction's number ("tx").
     durable False: commits do not wait for their WAL flush (a diagnostic:
     what pickup looks like when jobs do not arrive in flush-sized bursts)."""
     conn = psycopg2.connect(dsn)
@@ -255,7 +277,6 @@ def produce(dsn: str, rate: Optional[float], stop: threading.Event, stats: Commi
     next_tick = started
     sent = 0
     rng = random.Random(7)
-    committed: List[tuple] = []  # (tx, commit time) not yet in soak_tx
     while not stop.is_set():
         if rate is None:
             due = sent + 1000
@@ -268,37 +289,21 @@ def produce(dsn: str, rate: Optional[float], stop: threading.Event, stats: Commi
         if batch:
             with conn:
                 awa_pool.enqueue_many(conn, batch)
-                if committed:  # the previous transaction's commit time rides along
-                    with conn.cursor() as cur:
-                        cur.execute(SOAK_TX_INSERT, tuple(map(list, zip(*committed))))
                 commit_started = time.monotonic()
             committed_at = time.monotonic()
-            committed = [(tx, time.time())]
             sent += len(batch)
-            stats.record(len(batch), commit_started, committed_at)
+            stats.record(len(batch), tx, commit_started, committed_at)
     conn.close()
-
-
-# When each producer transaction became visible (its COMMIT returned): pickup
-# is counted from there, as the benchmark's W4 counts latency from the return
-# of the enqueue call. A job's run_at is its transaction's start, so
-# measuring from run_at would also count the producer's own statement and
-# commit (and any moment its thread waited for a CPU).
-SOAK_TX_TABLE = "CREATE TABLE soak_tx (tx bigint PRIMARY KEY, committed double precision)"
-SOAK_TX_INSERT = "INSERT INTO soak_tx SELECT * FROM unnest(%s::bigint[], %s::float8[])"
 
 
 SAMPLE_SQL = {
     # Pickup of ready jobs (first attempts); scheduled jobs are reported apart
     # because their lateness includes the leader's promotion interval.
     "window": """
-        -- one row per job: (from commit, from run_at, scheduled, claimed at);
-        -- from commit is NULL while the job's transaction is not recorded yet
-        SELECT extract(epoch FROM j.attempted_at)::float8 - t.committed,
-               extract(epoch FROM j.attempted_at - j.run_at)::float8, j.args ? 'scheduled',
-               extract(epoch FROM j.attempted_at)::float8
+        -- one row per job: (producer transaction, from run_at, scheduled, claimed at)
+        SELECT (j.args->>'tx')::bigint, extract(epoch FROM j.attempted_at - j.run_at)::float8,
+               j.args ? 'scheduled', extract(epoch FROM j.attempted_at)::float8
           FROM awa.jobs_done j
-          LEFT JOIN soak_tx t ON t.tx = (j.args->>'tx')::bigint AND NOT j.args ? 'scheduled'
          -- queue and state first: an index range scan, not a scan of all history
          WHERE j.queue = 'soak' AND j.state = 'completed' AND j.attempt = 1
            AND j.finalized_at > to_timestamp(%(lo)s) AND j.finalized_at <= to_timestamp(%(hi)s)""",
@@ -331,8 +336,8 @@ SAMPLE_SQL = {
 
 
 # Jobs are read in one-second slices of finalized_at, each slice once it is
-# PICKUP_LAG_S old (a completion flush in flight, or a producer transaction
-# not recorded in soak_tx yet, would be missed by a fresher one). One query
+# PICKUP_LAG_S old (a completion flush in flight would be missed by a
+# fresher one). One query
 # per sample over all its jobs was a CPU burst of 0.1-0.17 s every 5 s at
 # 10,000 jobs/s: on two cores, a dent in the pickup it measures.
 PICKUP_SLICE_S = 1.0
@@ -342,8 +347,9 @@ PICKUP_LAG_S = 0.5
 class Pickups:
     """First-attempt pickups of the window so far, read a slice at a time."""
 
-    def __init__(self, cur, since: float, slow_s: Optional[float] = None) -> None:
+    def __init__(self, cur, since: float, commits: CommitStats, slow_s: Optional[float] = None) -> None:
         self.cur = cur
+        self.commits = commits
         self.read_up_to = since
         self.rows: List[tuple] = []
         self.slow_s = slow_s
@@ -354,7 +360,12 @@ class Pickups:
         while upper - self.read_up_to >= PICKUP_SLICE_S or (force and upper > self.read_up_to):
             hi = min(upper, self.read_up_to + PICKUP_SLICE_S)
             self.cur.execute(SAMPLE_SQL["window"], {"lo": self.read_up_to, "hi": hi})
-            self.rows.extend(self.cur.fetchall())
+            # (from commit, from run_at, scheduled, claimed at); from commit is
+            # None for scheduled jobs, and if the commit time is not known
+            for tx, from_run_at, scheduled, claimed_at in self.cur.fetchall():
+                committed = None if scheduled else self.commits.commit_time(tx)
+                self.rows.append((None if committed is None else claimed_at - committed,
+                                  from_run_at, scheduled, claimed_at))
             self.read_up_to = hi
 
     def take(self) -> tuple:
@@ -441,9 +452,6 @@ def main() -> int:
     args = parser.parse_args()
 
     dsn = fresh_database(args.database_url, args.database_name)
-    with psycopg2.connect(dsn) as setup, setup.cursor() as cur:
-        cur.execute(SOAK_TX_TABLE)
-    setup.close()
 
     app_dir = Path(tempfile.mkdtemp(prefix="awa-soak-"))
     (app_dir / "soak_app.py").write_text(APP)
@@ -483,7 +491,7 @@ def main() -> int:
         header_printed = False
         previous_trips = None
         iowait = IoWait()
-        pickups = Pickups(cur, time.time() - PICKUP_LAG_S,
+        pickups = Pickups(cur, time.time() - PICKUP_LAG_S, stats,
                           None if args.trace_slow_ms is None else args.trace_slow_ms / 1000)
         while time.monotonic() < end:
             if stats.error:
@@ -571,7 +579,7 @@ def main() -> int:
             writer = csv.writer(f)
             writer.writerow(["claimed_at_utc", "pickup_ms"])
             for claimed_at, pickup in sorted(pickups.slow):
-                stamp = time.strftime("%H:%M:%S", time.gmtime(claimed_at)) + f"{claimed_at % 1:.3f}"[1:]
+                stamp = datetime.fromtimestamp(claimed_at, timezone.utc).strftime("%H:%M:%S.%f")[:12]
                 writer.writerow([stamp, round(pickup * 1000, 1)])
         print(f"wrote {slow_path} ({len(pickups.slow)} pickups over {args.trace_slow_ms:g} ms)")
 
