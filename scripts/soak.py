@@ -386,9 +386,11 @@ class Pickups:
                 percentile(from_run_at, 0.99), percentile(scheduled, 0.99))
 
 
-class IoWait:
-    """Share of CPU time the machine spent waiting for disk I/O since the
-    last take (Linux /proc/stat; None elsewhere)."""
+class CpuShares:
+    """Shares of the machine's CPU time since the last take (Linux
+    /proc/stat; None elsewhere): waiting for disk I/O, and stolen by the
+    hypervisor for other guests (a VM that slows down under a noisy
+    neighbour shows it here, not in the pool's figures)."""
 
     def __init__(self) -> None:
         self.last = self._read()
@@ -401,12 +403,15 @@ class IoWait:
         except (OSError, ValueError):
             return None
 
-    def take(self) -> Optional[float]:
+    def take(self) -> Tuple[Optional[float], Optional[float]]:
+        """(iowait %, steal %)"""
         now, last = self._read(), self.last
         self.last = now
         if now is None or last is None or sum(now) == sum(last):
-            return None
-        return round(100.0 * (now[4] - last[4]) / (sum(now) - sum(last)), 1)
+            return None, None
+        total = sum(now) - sum(last)
+        return (round(100.0 * (now[4] - last[4]) / total, 1),
+                round(100.0 * (now[7] - last[7]) / total, 1))
 
 
 def percentile(ordered: List[float], q: float) -> Optional[float]:
@@ -493,7 +498,7 @@ def main() -> int:
         next_sample = started + args.sample
         header_printed = False
         previous_trips = None
-        iowait = IoWait()
+        cpu_shares = CpuShares()
         pickups = Pickups(cur, time.time() - PICKUP_LAG_S, stats,
                           None if args.trace_slow_ms is None else args.trace_slow_ms / 1000)
         while time.monotonic() < end:
@@ -543,8 +548,8 @@ def main() -> int:
                 # a burst the pool drains at its capacity.
                 "producer_commit_max_ms": round(commit_max * 1000, 1),
                 "producer_gap_max_ms": round(gap_max * 1000, 1),
-                "iowait_pct": iowait.take(),
             }
+            row["iowait_pct"], row["steal_pct"] = cpu_shares.take()
             for name, (dead, live, size) in sorted(tables.items()):
                 row[f"{name}.dead"] = dead
                 row[f"{name}.live"] = live
@@ -555,14 +560,15 @@ def main() -> int:
                 row[f"{name}.dead_peak"] = peak
             rows.append(row)
             if not header_printed:
-                print("     t  rate/s  p50ms  p99ms  avail  hot.dead^  total MB  claims/s  jobs/claim  commit^ms  gap^ms  iowait%",
+                print("     t  rate/s  p50ms  p99ms  avail  hot.dead^  total MB  claims/s  jobs/claim  commit^ms  gap^ms  iowait%  steal%",
                       flush=True)
                 header_printed = True
             print(f"{row['t']:6.0f} {row['completed_per_s']:7.0f} {row['pickup_p50_ms']:6.1f} "
                   f"{row['pickup_p99_ms']:6.1f} {available:6d} {row['jobs_hot.dead_peak']:9d} "
                   f"{row['total_bytes'] / 1e6:9.1f} {row['claims_per_s']:9.0f} {row['jobs_per_claim']:11.1f} "
                   f"{row['producer_commit_max_ms']:10.1f} {row['producer_gap_max_ms']:7.1f} "
-                  f"{'-' if row['iowait_pct'] is None else row['iowait_pct']:>8}",
+                  f"{'-' if row['iowait_pct'] is None else row['iowait_pct']:>8} "
+                  f"{'-' if row['steal_pct'] is None else row['steal_pct']:>7}",
                   flush=True)
         stop.set()
         thread.join(10)

@@ -58,7 +58,8 @@ def test_short_soak_holds_its_rate_and_writes_its_samples(server_url: str, worke
     assert any(float(r["completion_flushes_per_s"]) > 0 for r in warm)
     # Every window saw producer commits (one per 10 ms tick), each taking some time.
     assert all(float(r["producer_commit_max_ms"]) > 0 for r in warm)
-    assert all(0 <= float(r["iowait_pct"]) <= 100 for r in warm if r["iowait_pct"] != "")
+    assert all(0 <= float(r[share]) <= 100 for r in warm for share in ("iowait_pct", "steal_pct")
+               if r[share] != "")
     # With a 0 ms threshold every first-attempt pickup is traced, each with its claim's clock time.
     with open(out.with_name("soak-slow.csv")) as f:
         slow = list(csv.DictReader(f))
