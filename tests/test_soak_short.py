@@ -71,13 +71,20 @@ def test_short_soak_holds_its_rate_and_writes_its_samples(server_url: str, worke
 def test_short_soak_at_a_fraction_of_its_own_mix_capacity(server_url: str, worker_id_tag: str,
                                                           tmp_path: Path) -> None:
     """--capacity loaded-mix floods the pool with the soak's own mix first,
-    drains that backlog, then soaks at the given fraction of what it finished."""
+    drains that backlog, then soaks at the given fraction of what it finished.
+    Its p99 bar is set where no window can meet it: the run exits 1 and
+    says in how many windows it was missed."""
     out = tmp_path / "soak-mix"
     run = run_soak(server_url, f"awa_soak_mix_{worker_id_tag}", out,
                    "--minutes", "0.2", "--capacity", "loaded-mix", "--capacity-seconds", "3",
                    "--capacity-fraction", "0.05", "--supervisors", "1", "--workers", "2",
-                   "--retention", "5s", "--sample", "2", "--max-p99-ms", "5000")
-    assert run.returncode == 0, run.stdout + run.stderr
+                   "--retention", "5s", "--sample", "2", "--max-p99-ms", "0.001")
+    assert run.returncode == 1, run.stdout + run.stderr
+    failed = [line for line in run.stdout.splitlines() if line.startswith("FAILED")]
+    assert len(failed) == 1 and failed[0].startswith("FAILED: pickup p99 reached "), run.stdout
+    over, of = failed[0].split(" ms) in ")[1].split(" windows")[0].split(" of ")
+    assert 1 <= int(over) <= int(of) and int(of) >= 2, failed[0]  # (a window with no pickup has no p99)
+    assert "% or more of the CPU stolen by other guests" in failed[0]
     first = run.stdout.splitlines()[0]
     assert first.startswith("mixed-load capacity (loaded-mix) "), first
     capacity = float(first.split(") ")[1].split(" jobs/s")[0].replace(",", ""))
