@@ -8,8 +8,9 @@ Every --sample seconds the script records completion rate, pickup latency
 (claim time - the moment the producer's commit returned, as the benchmark's
 W4 counts it) p50/p99 of the jobs claimed in that window, queue
 depth, the dead tuples and size of every awa table and index, the
-producer's longest commit and longest gap between commits (jobs arrive in
-bursts of one WAL flush), and the machine's I/O wait. It writes a CSV and,
+producer's longest commit and longest gap between commits (a slow commit
+releases its jobs together), and the machine's I/O wait and CPU stolen by
+other guests of the hypervisor. It writes a CSV and,
 when matplotlib is installed, a PNG plot; --trace-slow-ms also lists every
 slow pickup with the clock time of its claim.
 
@@ -45,7 +46,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import psycopg2
 
@@ -239,9 +240,12 @@ class CommitStats:
             self.commit_max_s = self.gap_max_s = 0.0
             return taken
 
-    def commit_time(self, tx: Optional[int]) -> Optional[float]:
+    def commit_times(self, txs: Set[Optional[int]]) -> Dict[Optional[int], float]:
+        """Commit times of these transactions, those still known, in one
+        lock hold (the sampler looks up a few thousand jobs at a time while
+        the producer records its commits)."""
         with self.lock:
-            return self.committed.get(tx)
+            return {tx: self.committed[tx] for tx in txs if tx in self.committed}
 
 
 MakeJob = Callable[[random.Random, int], Job]
@@ -365,8 +369,10 @@ class Pickups:
             self.cur.execute(SAMPLE_SQL["window"], {"lo": self.read_up_to, "hi": hi})
             # (from commit, from run_at, scheduled, claimed at); from commit is
             # None for scheduled jobs, and if the commit time is not known
-            for tx, from_run_at, scheduled, claimed_at in self.cur.fetchall():
-                committed = None if scheduled else self.commits.commit_time(tx)
+            jobs = self.cur.fetchall()
+            commit_times = self.commits.commit_times({job[0] for job in jobs})
+            for tx, from_run_at, scheduled, claimed_at in jobs:
+                committed = None if scheduled else commit_times.get(tx)
                 self.rows.append((None if committed is None else claimed_at - committed,
                                   from_run_at, scheduled, claimed_at))
             self.read_up_to = hi
