@@ -4,14 +4,16 @@ applying --retention-completed/--retention-failed."""
 from __future__ import annotations
 
 import time
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import psycopg2
 import psycopg2.extensions
+import pytest
 
 import awa_pool
 from awa_pool import Job
 from awa_pool.maintenance import DLQ_RETENTION_S, Retention
+from awa_pool.sql import QUERIES
 from helpers import query, scalar, wait_for
 
 HOUR = 3600.0
@@ -125,6 +127,72 @@ def test_rotation_restores_lock_timeout_inside_a_transaction(conn, dsn) -> None:
         cur.execute("SHOW lock_timeout")
         assert cur.fetchone()[0] == "7s"
     conn.commit()
+
+
+def test_rotation_without_rows_to_keep_reads_the_segment_once(auto, dsn) -> None:
+    expired = [_done(dsn, "completed", 2 * HOUR, segment=1) for _ in range(3)]
+    kept = _done(dsn, "failed", 2 * HOUR, segment=2)
+    query(dsn, "UPDATE awa.done_ring SET rotated_at = now() - interval '1 day'")
+    statements = _explained_statements(auto, lambda cur: Retention(completed_s=HOUR, failed_s=DAY).rotate(cur))
+    assert not any(text.lstrip().startswith("UPDATE awa.jobs_done") for text in statements), \
+        "no carry-forward UPDATE when nothing in the segment is kept"
+    assert _segments(dsn) == {kept: 2} and not set(expired) & set(_segments(dsn))
+    query(dsn, "UPDATE awa.done_ring SET rotated_at = now() - interval '1 day'")
+    statements = _explained_statements(auto, lambda cur: Retention(completed_s=HOUR, failed_s=DAY).rotate(cur))
+    assert any(text.lstrip().startswith("UPDATE awa.jobs_done") for text in statements)
+    assert _segments(dsn) == {kept: 1}, "the failed row inside its retention moved to the current segment"
+
+
+def test_rotation_and_maintenance_never_compile_with_jit(auto, dsn) -> None:
+    """A big history segment is costed past jit_above_cost, and compiling
+    its scan took longer than the scan (migration 0015). With the threshold
+    at zero, nothing the rotation runs is compiled."""
+    if not scalar(dsn, "SELECT pg_jit_available()"):
+        pytest.skip("this server has no JIT")
+    query(dsn, "UPDATE awa.done_ring SET rotated_at = now() - interval '1 day'")
+    _done(dsn, "failed", 2 * HOUR, segment=2)  # kept: the UPDATE runs too
+    with auto.cursor() as cur:
+        cur.execute("SET jit_above_cost = 0")
+        assert _jit_compiled(auto, lambda c: c.execute("SELECT count(*) FROM awa.jobs_done")), \
+            "the probe sees JIT where the session allows it"
+        # the calling SELECT is the session's own statement; what runs inside is not
+        inside = [plan for plan in _plans(auto, lambda c: Retention(completed_s=HOUR, failed_s=DAY).rotate(c))
+                  if "awa.rotate_done_ring(" not in plan]
+        assert inside and not any(_JIT in plan for plan in inside)
+        cur.execute(QUERIES["maintenance_session"])
+        assert not _jit_compiled(auto, lambda c: c.execute("SELECT count(*) FROM awa.jobs_done"))
+
+
+def _explain_into_notices(cur) -> None:
+    """auto_explain sends the plan of every statement, nested ones included,
+    to this client as a NOTICE (the test server runs as a superuser)."""
+    try:
+        cur.execute("LOAD 'auto_explain'")
+    except psycopg2.Error:
+        pytest.skip("auto_explain is not installed on this server")
+    cur.execute("SET auto_explain.log_min_duration = 0; SET auto_explain.log_analyze = on; "
+                "SET auto_explain.log_nested_statements = on; SET auto_explain.log_level = notice")
+
+
+def _plans(conn, action) -> List[str]:
+    with conn.cursor() as cur:
+        _explain_into_notices(cur)
+        conn.notices.clear()
+        action(cur)
+        cur.execute("SET auto_explain.log_min_duration = -1")
+    return list(conn.notices)
+
+
+def _explained_statements(conn, action) -> List[str]:
+    """The text of each statement `action` ran, nested ones included."""
+    return [plan.split("Query Text:", 1)[1] for plan in _plans(conn, action) if "Query Text:" in plan]
+
+
+_JIT = "\nJIT:"  # the section EXPLAIN ANALYZE adds to a plan that was compiled
+
+
+def _jit_compiled(conn, action) -> bool:
+    return any(_JIT in plan for plan in _plans(conn, action))
 
 
 def test_a_full_turn_of_the_ring_removes_old_jobs_and_keeps_young_ones(auto, dsn) -> None:
