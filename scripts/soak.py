@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
+import multiprocessing
 import os
 import random
 import signal
@@ -46,7 +47,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import psycopg2
 
@@ -149,21 +150,18 @@ def loaded_capacity(dsn: str, seconds: float, make_job: "MakeJob") -> float:
     production and consumption share its cores. Completions are counted over
     the second half of the window (the first fills the backlog); the backlog
     is drained before returning."""
-    stop = threading.Event()
     stats = CommitStats()
-    thread = threading.Thread(target=producer, args=(dsn, None, stop, stats, make_job), daemon=True)
+    flood = Producer(dsn, None, stats, make_job)
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     cur = conn.cursor()
-    thread.start()
     try:
         time.sleep(seconds / 2)
         before, started = count_done(cur), time.monotonic()
         time.sleep(seconds / 2)
         capacity = (count_done(cur) - before) / (time.monotonic() - started)
     finally:
-        stop.set()
-        thread.join(30)
+        flood.stop(30)
     if stats.error:
         raise SystemExit(f"soak: the capacity run's producer failed: {stats.error}")
     deadline = time.monotonic() + 300
@@ -219,8 +217,9 @@ class CommitStats:
         self.committed: Dict[int, float] = {}  # tx -> wall-clock commit time, in tx order
         self.error: Optional[str] = None
 
-    def record(self, jobs: int, tx: int, commit_started: float, committed_at: float) -> None:
-        wall = time.time()
+    def record(self, jobs: int, tx: int, commit_started: float, committed_at: float, wall: float) -> None:
+        """A commit of `jobs` jobs, as the producer timed it: monotonic start
+        and return of its COMMIT, and the wall-clock time of the return."""
         with self.lock:
             self.committed[tx] = wall
             while self.committed:
@@ -249,30 +248,81 @@ class CommitStats:
 
 
 MakeJob = Callable[[random.Random, int], Job]
-TX_NUMBERS = itertools.count(1)  # producer transactions, unique within the run
+TX_BLOCK = 10 ** 9                  # each producer numbers its transactions from its own block
+PRODUCER_BLOCKS = itertools.count(1)
 COMMIT_TIMES_KEPT_S = 600.0
 
 
-def producer(dsn: str, rate: Optional[float], stop: threading.Event, stats: CommitStats,
-             make_job: MakeJob = job_mix, tick: float = 0.01, durable: bool = True) -> None:
-    """A producer thread's body: a failure is kept in stats.error (the soak
-    stops on it) instead of ending the thread silently."""
+class Producer:
+    """The producer, in a process of its own: sharing an interpreter with the
+    sampler, whose 5-second sample holds the GIL for 50-120 ms at 24,000
+    jobs/s, it committed late and released its jobs in bursts, a pattern of
+    the measuring script rather than of the pool. Each commit comes back
+    over a pipe to a thread here that records it in `stats`; a failure in
+    the process ends up in stats.error (the soak stops on it)."""
+
+    def __init__(self, dsn: str, rate: Optional[float], stats: CommitStats, make_job: MakeJob,
+                 durable: bool = True) -> None:
+        context = multiprocessing.get_context("fork")
+        self.stopping = context.Event()
+        receive, send = context.Pipe(duplex=False)
+        first_tx = next(PRODUCER_BLOCKS) * TX_BLOCK
+        # forked before this process opens its own connections: none to inherit
+        self.process = context.Process(target=_produce_in_process, daemon=True, args=(
+            dsn, rate, self.stopping, send, make_job, first_tx, durable))
+        self.process.start()
+        send.close()
+        self.reader = threading.Thread(target=self._receive, args=(receive, stats), daemon=True)
+        self.reader.start()
+
+    def _receive(self, receive: Any, stats: CommitStats) -> None:
+        while True:
+            try:
+                message = receive.recv()
+            except EOFError:
+                break
+            if message[0] == "error":
+                stats.error = message[1]
+                break
+            stats.record(*message[1:])
+        receive.close()
+        self.process.join(5)
+        if stats.error is None and self.process.exitcode not in (0, None):
+            stats.error = f"the producer process exited with status {self.process.exitcode}"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.stopping.set()
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout)
+        self.reader.join(timeout)
+
+
+def _produce_in_process(dsn: str, rate: Optional[float], stopping: Any, send: Any, make_job: MakeJob,
+                        first_tx: int, durable: bool) -> None:
+    """The producer process's body: a failure is sent up instead of a traceback."""
     try:
-        produce(dsn, rate, stop, stats, make_job, tick, durable)
-    except Exception as exc:  # noqa: BLE001 - reported by the main thread
+        produce(dsn, rate, stopping, lambda *commit: send.send(("commit",) + commit), make_job,
+                first_tx, durable=durable)
+    except Exception as exc:  # noqa: BLE001 - reported by the main process
         lines = str(exc).strip().splitlines()
-        stats.error = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+        send.send(("error", f"{type(exc).__name__}: {lines[0] if lines else ''}"))
+    finally:
+        send.close()
 
 
-def produce(dsn: str, rate: Optional[float], stop: threading.Event, stats: CommitStats,
-            make_job: MakeJob, tick: float, durable: bool) -> None:
+def produce(dsn: str, rate: Optional[float], stopping: Any, on_commit: Callable[..., None],
+            make_job: MakeJob, first_tx: int, tick: float = 0.01, durable: bool = True) -> None:
     """Enqueue the mix at `rate` jobs/s, paced on real elapsed time: every
     `tick` seconds one transaction holds the jobs that fell due since the
     last one (a producer that commits per job spends the CPU the pool needs
     on commits and wake-ups). rate None: as fast as it can, 1,000 per
-    transaction. Every job carries its transaction's number ("tx").
-    durable False: commits do not wait for their WAL flush (a diagnostic:
-    what pickup looks like when jobs do not arrive in flush-sized bursts)."""
+    transaction. Every job carries its transaction's number ("tx"), and
+    on_commit(jobs, tx, commit started, commit returned, wall-clock return)
+    follows each commit. durable False: commits do not wait for their WAL
+    flush (a diagnostic: what pickup looks like when jobs do not arrive in
+    flush-sized bursts)."""
     conn = psycopg2.connect(dsn)
     if not durable:
         with conn, conn.cursor() as cur:
@@ -281,14 +331,15 @@ def produce(dsn: str, rate: Optional[float], stop: threading.Event, stats: Commi
     next_tick = started
     sent = 0
     rng = random.Random(7)
-    while not stop.is_set():
+    tx = first_tx
+    while not stopping.is_set():
         if rate is None:
             due = sent + 1000
         else:
             next_tick += tick
             time.sleep(max(0.0, next_tick - time.monotonic()))
             due = int(rate * (time.monotonic() - started))
-        tx = next(TX_NUMBERS)
+        tx += 1
         batch = [make_job(rng, tx) for _ in range(min(due - sent, 5000))]
         if batch:
             with conn:
@@ -296,7 +347,7 @@ def produce(dsn: str, rate: Optional[float], stop: threading.Event, stats: Commi
                 commit_started = time.monotonic()
             committed_at = time.monotonic()
             sent += len(batch)
-            stats.record(len(batch), tx, commit_started, committed_at)
+            on_commit(len(batch), tx, commit_started, committed_at, time.time())
     conn.close()
 
 
@@ -479,7 +530,7 @@ def main() -> int:
     # through the finally below, so the supervisors are stopped too
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("soak: terminated"))
     supervisors = Supervisors(dsn, args.supervisors, args.workers, args.retention, app_dir)
-    stop = threading.Event()
+    producer: Optional[Producer] = None
     stats = CommitStats()
     rows = []
     failed_bars = []
@@ -496,13 +547,11 @@ def main() -> int:
             what = "mixed-load" if args.capacity == "loaded-mix" and args.mix == "standard" else "no-op"
             print(f"{what} capacity ({args.capacity}) {capacity:,.0f} jobs/s; soaking at {rate:,.0f} jobs/s "
                   f"({args.capacity_fraction:.0%})", flush=True)
+        started = time.monotonic()
+        producer = Producer(dsn, rate, stats, make_job, durable=args.producer_commit == "durable")
         sample_conn = psycopg2.connect(dsn)
         sample_conn.autocommit = True
         cur = sample_conn.cursor()
-        started = time.monotonic()
-        thread = threading.Thread(target=producer, args=(dsn, rate, stop, stats, make_job),
-                                  kwargs={"durable": args.producer_commit == "durable"}, daemon=True)
-        thread.start()
         end = started + args.minutes * 60
         next_sample = started + args.sample
         header_printed = False
@@ -579,11 +628,11 @@ def main() -> int:
                   f"{'-' if row['iowait_pct'] is None else row['iowait_pct']:>8} "
                   f"{'-' if row['steal_pct'] is None else row['steal_pct']:>7}",
                   flush=True)
-        stop.set()
-        thread.join(10)
+        producer.stop()
         sample_conn.close()
     finally:
-        stop.set()
+        if producer is not None:
+            producer.stop()
         supervisors.stop()
 
     out = Path(args.out)
