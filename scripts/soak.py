@@ -695,7 +695,7 @@ def main() -> int:
           f"{worst:.1f} ms, samples {len(rows)}")
 
     try:
-        plot(rows, out.with_suffix(".png"), rate, retention_s)
+        plot(rows, out.with_suffix(".png"), rate, retention_s, args.max_p99_ms)
         print(f"wrote {out.with_suffix('.png')}")
     except ImportError:
         print("matplotlib is not installed: no plot (pip install matplotlib)")
@@ -705,7 +705,7 @@ def main() -> int:
     return 1 if failed_bars else 0
 
 
-def plot(rows, path: Path, rate: float, retention_s: float) -> None:
+def plot(rows, path: Path, rate: float, retention_s: float, p99_bar_ms: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -721,6 +721,9 @@ def plot(rows, path: Path, rate: float, retention_s: float) -> None:
     axes[1].plot(t, [r["pickup_p99_ms"] for r in rows], label="pickup p99")
     axes[1].plot(t, [r["pickup_from_run_at_p99_ms"] for r in rows], linestyle=":",
                  label="p99 from run_at (incl. the producer's transaction)")
+    axes[1].axhline(p99_bar_ms, color="grey", linestyle="--", label="p99 bar")
+    # log scale: a start-up window in seconds must not flatten milliseconds
+    axes[1].set_yscale("log")
     axes[1].set_ylabel("ms")
     axes[1].legend(loc="upper right")
     for table in CLAIM_PATH_TABLES:
