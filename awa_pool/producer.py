@@ -57,8 +57,10 @@ def enqueue(conn: Any, job: Job) -> int:
     SQLAlchemy connection wrapping one.
     """
     job = _check_job(job)
+    scheduled = job.run_at is not None or job.delay is not None
+    statement = QUERIES["insert_job"] if scheduled else QUERIES["insert_job_now"]
     with cursor_for(conn) as cur:
-        cur.execute(QUERIES["insert_job"], _single_params(job))
+        cur.execute(statement, _single_params(job))
         return cur.fetchone()[0]
 
 

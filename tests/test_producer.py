@@ -100,6 +100,20 @@ def test_delay_uses_database_clock(conn, dsn) -> None:
     assert job_row(dsn, job_id)["state"] == "scheduled"
 
 
+def test_a_ready_job_runs_from_its_transaction_start(conn, dsn) -> None:
+    """A job with neither run_at nor delay takes the shorter statement; it
+    must land exactly where a zero delay does: available from the
+    transaction's start on the database clock."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT now()")
+        started = cur.fetchone()[0]
+    ids = [enqueue(conn, Job("now")), enqueue(conn, Job("zero", delay=0))]
+    conn.commit()
+    for job_id in ids:
+        row = job_row(dsn, job_id)
+        assert row["state"] == "available" and row["run_at"] == started
+
+
 def test_enqueue_many_ids_in_input_order(conn, dsn) -> None:
     jobs = []
     for i in range(300):

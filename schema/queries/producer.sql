@@ -8,6 +8,15 @@ SELECT awa.insert_job(%(kind)s, %(args)s::jsonb, %(queue)s, %(priority)s,
     %(max_attempts)s, %(timeout_s)s, %(tags)s::text[], %(metadata)s::jsonb, %(unique_opts)s::jsonb,
     %(ordering_key)s, %(batch_id)s, %(hold)s)
 
+-- name: insert_job_now
+-- A job with no run_at and no delay: the same call without the scheduling
+-- expression, whose parsing and planning (coalesce, now(), make_interval
+-- with a named argument) was 11 of the ~120 µs a one-job enqueue costs
+-- on a local server. The function starts a NULL run_at now.
+SELECT awa.insert_job(%(kind)s, %(args)s::jsonb, %(queue)s, %(priority)s, NULL,
+    %(max_attempts)s, %(timeout_s)s, %(tags)s::text[], %(metadata)s::jsonb, %(unique_opts)s::jsonb,
+    %(ordering_key)s, %(batch_id)s, %(hold)s)
+
 -- name: insert_jobs
 -- Many jobs in one round trip; returns (input position, id).
 SELECT ord, id FROM awa.insert_jobs(%(jobs)s::jsonb, %(batch_id)s)
