@@ -30,24 +30,24 @@ reading, taken every 0.5 s, in the second half no higher than --dead-growth
 times the larger of the first half's and the leader's vacuum threshold), and total
 size flat once history reached its retention age and jobs_hot had its first
 vacuum (not judged in a run too short or slow to get there).
+
+The producer process is in soak_producer.py, what the sampler reads in
+soak_sampling.py, the plot in soak_plot.py; this file runs the soak and
+judges its bars.
 """
 from __future__ import annotations
 
 import argparse
 import csv
-import itertools
-import multiprocessing
 import os
-import random
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Optional
 
 import psycopg2
 
@@ -58,6 +58,10 @@ import awa_pool  # noqa: E402
 from awa_pool import Job  # noqa: E402
 from awa_pool.maintenance import VacuumQueueTables  # noqa: E402
 from scriptdb import fresh_database  # noqa: E402
+from soak_plot import plot  # noqa: E402
+from soak_producer import CommitStats, MakeJob, Producer, job_mix, noop_only  # noqa: E402
+from soak_sampling import (CLAIM_PATH_TABLES, DEAD_READ_EVERY_S, PICKUP_LAG_S,  # noqa: E402
+                           PICKUP_SLICE_S, SAMPLE_SQL, STOLEN_PCT, CpuShares, Pickups)
 
 APP = '''
 import time, awa_pool
@@ -78,12 +82,6 @@ def flaky(ctx, **_):
         raise awa_pool.Retry(delay=0.5, reason="first attempt fails on purpose")
 '''
 
-CLAIM_PATH_TABLES = ("jobs_hot", "queues")
-# Their dead tuples form a saw-tooth (the leader vacuums at a threshold), so
-# they are read this often and each sample keeps the highest reading since
-# the previous one: single readings every few seconds would land anywhere on
-# the teeth. (Backends publish their counts about once a second.)
-DEAD_READ_EVERY_S = 0.5
 
 
 def parse_seconds(text: str) -> float:
@@ -175,313 +173,6 @@ def loaded_capacity(dsn: str, seconds: float, make_job: "MakeJob") -> float:
         raise SystemExit("soak: the capacity run's backlog did not drain within 300 s")
     conn.close()
     return capacity
-
-
-def job_mix(rng: random.Random, tx: int) -> Job:
-    roll = rng.random()
-    if roll < 0.85:
-        return Job("soak_noop", {"tx": tx}, queue="soak")
-    if roll < 0.95:
-        return Job("soak_cpu", {"ms": 0.2, "tx": tx}, queue="soak")
-    if roll < 0.98:
-        return Job("soak_flaky", {"tx": tx}, queue="soak")
-    return Job("soak_noop", {"scheduled": True, "tx": tx}, queue="soak", delay=5)
-
-
-def noop_only(rng: random.Random, tx: int) -> Job:
-    return Job("soak_noop", {"tx": tx}, queue="soak")
-
-
-class CommitStats:
-    """The producer's commits. Pickup is counted from the moment a job's
-    transaction became visible (its COMMIT returned), as the benchmark's W4
-    counts latency from the return of the enqueue call: a job's run_at is its
-    transaction's start, so measuring from run_at would also count the
-    producer's own statement and commit. Every job carries its transaction's
-    number ("tx"); the commit times are kept here, by number, for
-    COMMIT_TIMES_KEPT_S (a job picked up later than that counts as not yet
-    known).
-
-    Also, since the last take: the longest commit and the longest time
-    between two commits. Jobs become visible only when their commit's WAL
-    flush ends, so a slow flush or a long gap releases them together: a
-    burst the pool can only drain at its capacity, whose last jobs wait
-    about burst / capacity."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.sent = 0
-        self.commit_max_s = 0.0
-        self.gap_max_s = 0.0
-        self.last_commit: Optional[float] = None
-        self.committed: Dict[int, float] = {}  # tx -> wall-clock commit time, in tx order
-        self.error: Optional[str] = None
-
-    def record(self, jobs: int, tx: int, commit_started: float, committed_at: float, wall: float) -> None:
-        """A commit of `jobs` jobs, as the producer timed it: monotonic start
-        and return of its COMMIT, and the wall-clock time of the return."""
-        with self.lock:
-            self.committed[tx] = wall
-            while self.committed:
-                oldest = next(iter(self.committed))
-                if self.committed[oldest] >= wall - COMMIT_TIMES_KEPT_S:
-                    break
-                del self.committed[oldest]
-            self.sent += jobs
-            self.commit_max_s = max(self.commit_max_s, committed_at - commit_started)
-            if self.last_commit is not None:
-                self.gap_max_s = max(self.gap_max_s, committed_at - self.last_commit)
-            self.last_commit = committed_at
-
-    def take(self) -> Tuple[float, float]:
-        with self.lock:
-            taken = self.commit_max_s, self.gap_max_s
-            self.commit_max_s = self.gap_max_s = 0.0
-            return taken
-
-    def commit_times(self, txs: Set[Optional[int]]) -> Dict[Optional[int], float]:
-        """Commit times of these transactions, those still known, in one
-        lock hold (the sampler looks up a few thousand jobs at a time while
-        the producer records its commits)."""
-        with self.lock:
-            return {tx: self.committed[tx] for tx in txs if tx in self.committed}
-
-
-MakeJob = Callable[[random.Random, int], Job]
-TX_BLOCK = 10 ** 9                  # each producer numbers its transactions from its own block
-PRODUCER_BLOCKS = itertools.count(1)
-COMMIT_TIMES_KEPT_S = 600.0
-
-
-class Producer:
-    """The producer, in a process of its own: sharing an interpreter with the
-    sampler, whose 5-second sample holds the GIL for 50-120 ms at 24,000
-    jobs/s, it committed late and released its jobs in bursts, a pattern of
-    the measuring script rather than of the pool. Each commit comes back
-    over a pipe to a thread here that records it in `stats`; a failure in
-    the process ends up in stats.error (the soak stops on it)."""
-
-    def __init__(self, dsn: str, rate: Optional[float], stats: CommitStats, make_job: MakeJob,
-                 durable: bool = True) -> None:
-        context = multiprocessing.get_context("fork")
-        self.stopping = context.Event()
-        receive, send = context.Pipe(duplex=False)
-        first_tx = next(PRODUCER_BLOCKS) * TX_BLOCK
-        # forked before this process opens its own connections: none to inherit
-        self.process = context.Process(target=_produce_in_process, daemon=True, args=(
-            dsn, rate, self.stopping, send, make_job, first_tx, durable))
-        self.process.start()
-        send.close()
-        self.reader = threading.Thread(target=self._receive, args=(receive, stats), daemon=True)
-        self.reader.start()
-
-    def _receive(self, receive: Any, stats: CommitStats) -> None:
-        while True:
-            try:
-                message = receive.recv()
-            except EOFError:
-                break
-            if message[0] == "error":
-                stats.error = message[1]
-                break
-            stats.record(*message[1:])
-        receive.close()
-        self.process.join(5)
-        if stats.error is None and self.process.exitcode not in (0, None):
-            stats.error = f"the producer process exited with status {self.process.exitcode}"
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.stopping.set()
-        self.process.join(timeout)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(timeout)
-        self.reader.join(timeout)
-
-
-def _produce_in_process(dsn: str, rate: Optional[float], stopping: Any, send: Any, make_job: MakeJob,
-                        first_tx: int, durable: bool) -> None:
-    """The producer process's body: a failure is sent up instead of a traceback."""
-    try:
-        produce(dsn, rate, stopping, lambda *commit: send.send(("commit",) + commit), make_job,
-                first_tx, durable=durable)
-    except Exception as exc:  # noqa: BLE001 - reported by the main process
-        lines = str(exc).strip().splitlines()
-        send.send(("error", f"{type(exc).__name__}: {lines[0] if lines else ''}"))
-    finally:
-        send.close()
-
-
-def produce(dsn: str, rate: Optional[float], stopping: Any, on_commit: Callable[..., None],
-            make_job: MakeJob, first_tx: int, tick: float = 0.01, durable: bool = True) -> None:
-    """Enqueue the mix at `rate` jobs/s, paced on real elapsed time: every
-    `tick` seconds one transaction holds the jobs that fell due since the
-    last one (a producer that commits per job spends the CPU the pool needs
-    on commits and wake-ups). rate None: as fast as it can, 1,000 per
-    transaction. Every job carries its transaction's number ("tx"), and
-    on_commit(jobs, tx, commit started, commit returned, wall-clock return)
-    follows each commit. durable False: commits do not wait for their WAL
-    flush (a diagnostic: what pickup looks like when jobs do not arrive in
-    flush-sized bursts)."""
-    conn = psycopg2.connect(dsn)
-    if not durable:
-        with conn, conn.cursor() as cur:
-            cur.execute("SET synchronous_commit = off")
-    started = time.monotonic()
-    next_tick = started
-    sent = 0
-    rng = random.Random(7)
-    tx = first_tx
-    while not stopping.is_set():
-        if rate is None:
-            due = sent + 1000
-        else:
-            next_tick += tick
-            time.sleep(max(0.0, next_tick - time.monotonic()))
-            due = int(rate * (time.monotonic() - started))
-        tx += 1
-        batch = [make_job(rng, tx) for _ in range(min(due - sent, 5000))]
-        if batch:
-            with conn:
-                awa_pool.enqueue_many(conn, batch)
-                commit_started = time.monotonic()
-            committed_at = time.monotonic()
-            sent += len(batch)
-            on_commit(len(batch), tx, commit_started, committed_at, time.time())
-    conn.close()
-
-
-SAMPLE_SQL = {
-    # Pickup of ready jobs (first attempts); scheduled jobs are reported apart
-    # because their lateness includes the leader's promotion interval.
-    "window": """
-        -- one row per job: (producer transaction, from run_at, scheduled, claimed at)
-        -- date_part, not extract: float8 directly, a third cheaper than numeric
-        SELECT (j.args->>'tx')::bigint, date_part('epoch', j.attempted_at - j.run_at),
-               j.args ? 'scheduled', date_part('epoch', j.attempted_at)
-          FROM awa.jobs_done j
-         -- queue and state first: an index range scan, not a scan of all history
-         WHERE j.queue = 'soak' AND j.state = 'completed' AND j.attempt = 1
-           AND j.finalized_at > to_timestamp(%(lo)s) AND j.finalized_at <= to_timestamp(%(hi)s)""",
-    "depth": """
-        SELECT (SELECT count(*) FROM awa.jobs_hot WHERE state = 'available'),
-               (SELECT count(*) FROM awa.jobs_hot WHERE state = 'running'),
-               (SELECT count(*) FROM awa.jobs_deferred)""",
-    "tables": """
-        SELECT c.relname, coalesce(s.n_dead_tup, 0), coalesce(s.n_live_tup, 0),
-               pg_total_relation_size(c.oid)
-          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-          LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
-         WHERE n.nspname = 'awa' AND c.relkind IN ('r', 'p')""",
-    # The supervisors' own counters (published with each heartbeat): how
-    # many round trips the load costs.
-    "round_trips": """
-        SELECT coalesce(sum((stats->'counters'->>'claims')::bigint), 0)::bigint,
-               coalesce(sum((stats->'counters'->>'empty_claims')::bigint), 0)::bigint,
-               coalesce(sum((stats->'counters'->>'claimed_jobs')::bigint), 0)::bigint,
-               coalesce(sum((stats->'counters'->>'completion_flushes')::bigint), 0)::bigint
-          FROM awa.supervisors WHERE stopped_at IS NULL""",
-    "claim_path_dead": """
-        SELECT relname, n_dead_tup FROM pg_stat_user_tables
-         WHERE schemaname = 'awa' AND relname = ANY(%s)""",
-    "indexes": """
-        SELECT c.relname, pg_relation_size(c.oid)
-          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-         WHERE n.nspname = 'awa' AND c.relkind = 'i'""",
-}
-
-
-# Jobs are read in 0.1-second slices of finalized_at, each slice once it is
-# PICKUP_LAG_S old (a completion flush in flight would be missed by a
-# fresher one). The sampler's reads are CPU the pool does not get: one
-# query per 5-second sample was a burst of 0.1-0.17 s at 10,000 jobs/s,
-# and one per second still 50-60 ms of a backend's CPU at 8,000 jobs/s,
-# which lined up with slow-pickup clusters on two cores. Small slices
-# spread the same work thinly.
-PICKUP_SLICE_S = 0.1
-PICKUP_LAG_S = 0.5
-
-
-class Pickups:
-    """First-attempt pickups of the window so far, read a slice at a time."""
-
-    def __init__(self, cur, since: float, commits: CommitStats, slow_s: Optional[float] = None) -> None:
-        self.cur = cur
-        self.commits = commits
-        self.read_up_to = since
-        self.rows: List[tuple] = []
-        self.slow_s = slow_s
-        self.slow: List[tuple] = []  # (claimed at, pickup s) above slow_s, for --trace-slow-ms
-
-    def read_if_due(self, force: bool = False) -> None:
-        upper = time.time() - PICKUP_LAG_S
-        while upper - self.read_up_to >= PICKUP_SLICE_S or (force and upper > self.read_up_to):
-            hi = min(upper, self.read_up_to + PICKUP_SLICE_S)
-            self.cur.execute(SAMPLE_SQL["window"], {"lo": self.read_up_to, "hi": hi})
-            # (from commit, from run_at, scheduled, claimed at); from commit is
-            # None for scheduled jobs, and if the commit time is not known
-            jobs = self.cur.fetchall()
-            commit_times = self.commits.commit_times({job[0] for job in jobs})
-            for tx, from_run_at, scheduled, claimed_at in jobs:
-                committed = None if scheduled else commit_times.get(tx)
-                self.rows.append((None if committed is None else claimed_at - committed,
-                                  from_run_at, scheduled, claimed_at))
-            self.read_up_to = hi
-
-    def take(self) -> tuple:
-        """(jobs, p50 and p99 from commit, p99 from run_at, scheduled p99)
-        of everything read since the last take, in seconds (None if none)."""
-        self.read_if_due(force=True)
-        rows, self.rows = self.rows, []
-        ready = [row for row in rows if not row[2]]
-        if self.slow_s is not None:
-            self.slow += [(row[3], row[0]) for row in ready if row[0] is not None and row[0] > self.slow_s]
-        from_commit = sorted(row[0] for row in ready if row[0] is not None)
-        from_run_at = sorted(row[1] for row in ready)
-        scheduled = sorted(row[1] for row in rows if row[2])
-        return (len(rows), percentile(from_commit, 0.5), percentile(from_commit, 0.99),
-                percentile(from_run_at, 0.99), percentile(scheduled, 0.99))
-
-
-STOLEN_PCT = 3.0  # a window that lost this much CPU to other guests is called out in the p99 bar
-
-
-class CpuShares:
-    """Shares of the machine's CPU time since the last take (Linux
-    /proc/stat; None elsewhere): waiting for disk I/O, and stolen by the
-    hypervisor for other guests (a VM that slows down under a noisy
-    neighbour shows it here, not in the pool's figures)."""
-
-    def __init__(self) -> None:
-        self.last = self._read()
-
-    @staticmethod
-    def _read() -> Optional[List[int]]:
-        try:
-            with open("/proc/stat") as f:
-                return [int(v) for v in f.readline().split()[1:9]]
-        except (OSError, ValueError):
-            return None
-
-    def take(self) -> Tuple[Optional[float], Optional[float]]:
-        """(iowait %, steal %)"""
-        now, last = self._read(), self.last
-        self.last = now
-        if now is None or last is None or sum(now) == sum(last):
-            return None, None
-        total = sum(now) - sum(last)
-        return (round(100.0 * (now[4] - last[4]) / total, 1),
-                round(100.0 * (now[7] - last[7]) / total, 1))
-
-
-def percentile(ordered: List[float], q: float) -> Optional[float]:
-    """Linear interpolation between the closest ranks (PostgreSQL's percentile_cont)."""
-    if not ordered:
-        return None
-    position = q * (len(ordered) - 1)
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def main() -> int:
@@ -703,44 +394,6 @@ def main() -> int:
     for bar in failed_bars:
         print(f"FAILED: {bar}")
     return 1 if failed_bars else 0
-
-
-def plot(rows, path: Path, rate: float, retention_s: float, p99_bar_ms: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    t = [r["t"] for r in rows]
-    fig, axes = plt.subplots(4, 1, figsize=(10, 12), sharex=True)
-    axes[0].plot(t, [r["completed_per_s"] for r in rows], label="completed jobs/s")
-    axes[0].axhline(rate, color="grey", linestyle="--", label="target rate")
-    axes[0].set_ylabel("jobs/s")
-    axes[0].legend(loc="lower right")
-    axes[1].plot(t, [r["pickup_p50_ms"] for r in rows], label="pickup p50")
-    axes[1].plot(t, [r["pickup_p99_ms"] for r in rows], label="pickup p99")
-    axes[1].plot(t, [r["pickup_from_run_at_p99_ms"] for r in rows], linestyle=":",
-                 label="p99 from run_at (incl. the producer's transaction)")
-    axes[1].axhline(p99_bar_ms, color="grey", linestyle="--", label="p99 bar")
-    # log scale: a start-up window in seconds must not flatten milliseconds
-    axes[1].set_yscale("log")
-    axes[1].set_ylabel("ms")
-    axes[1].legend(loc="upper right")
-    for table in CLAIM_PATH_TABLES:
-        axes[2].plot(t, [r[f"{table}.dead_peak"] for r in rows], label=f"{table} dead tuples (peak)")
-    axes[2].plot(t, [r.get("jobs_deferred.dead", 0) for r in rows], label="jobs_deferred dead tuples")
-    axes[2].set_ylabel("dead tuples")
-    axes[2].legend(loc="upper right")
-    axes[3].plot(t, [r["total_bytes"] / 1e6 for r in rows], label="all awa tables + indexes")
-    axes[3].plot(t, [sum(v for k, v in r.items() if k.startswith("jobs_done_") and k.endswith(".bytes")) / 1e6
-                     for r in rows], label="terminal history (ring)")
-    axes[3].axvline(retention_s, color="grey", linestyle=":", label="retention age")
-    axes[3].set_ylabel("MB")
-    axes[3].set_xlabel("seconds")
-    axes[3].legend(loc="upper left")
-    fig.suptitle("awa_pool soak")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
 
 
 if __name__ == "__main__":
