@@ -20,7 +20,7 @@ import traceback
 from typing import Any, List, Optional, Sequence
 
 from .execute import run as run_job
-from .protocol import (DONE, LOW, PROGRESS, READY, REPLY, REQUEST, RUN, STOP, JobSpec, Outcome,
+from .protocol import (DONE, LOW, PROGRESS, READY, REPLY, REQUEST, RUN, STOP, ClaimedJob, Outcome,
                        StatusBlock, recv_blocking, send)
 from .tasks import child_start_hooks
 
@@ -196,15 +196,14 @@ def _next_batch_waiting(channel: PipeChannel) -> bool:
     return bool(readable)
 
 
-def _run_batch(jobs: List[tuple], first_position: int, channel: PipeChannel, status: StatusBlock,
+def _run_batch(jobs: List[ClaimedJob], first_position: int, channel: PipeChannel, status: StatusBlock,
                reporter: Reporter, result_max_bytes: int) -> None:
     low_at = len(jobs) // 2  # tell the supervisor when half the batch has started
     if low_at == 0:
         reporter.flush((LOW,))  # with the previous batch's last outcomes, if they waited
     else:
         reporter.flush()
-    for index, fields in enumerate(jobs):
-        job = JobSpec(*fields)
+    for index, job in enumerate(jobs):
         if status.cancel_requested_for(job.id) or not status.start(
                 job.id, first_position + index, time.monotonic()):
             # cancelled, or taken back by the supervisor, before it started

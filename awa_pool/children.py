@@ -1,25 +1,32 @@
-"""The supervisor's table of child processes: spawn (multiprocess, fork),
-hand out batches, read their messages, reap them and name each death.
+"""The supervisor's table of child processes, and the only writer of their
+state: spawn (multiprocess, fork), hand out batches, read their messages,
+the deadlines of what they run (timeouts, take-back of queued jobs, cancel
+grace), recycling, stopping, reaping, and naming each death.
 
-No database code: outcomes go back to the supervisor, which owns the queue.
+No database code: what it decides comes back as Outcomes for the supervisor
+to route (to the completer) and queue names to wake.
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import signal
-import time
+import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import multiprocess
 
 from .child import EXIT_HOOK_FAILED, child_main
-from .protocol import (DONE, LOW, PROGRESS, READY, REQUEST, RUN, RUN_FRAME_BYTES, STOP, FrameReader,
-                       Outbox, Outcome, StatusBlock)
+from .protocol import (DONE, LOW, PROGRESS, READY, REQUEST, RUN, STOP, ClaimedJob, FrameReader, Outbox,
+                       Outcome, StatusBlock, frames)
 
 log = logging.getLogger(__name__)
+
+TAKE_BACK_AFTER_S = 0.1   # jobs queued behind one running longer than this are taken back
+OVERDUE_RETRY_S = 0.02    # an overdue check that could not act is retried this soon, not spun on
 
 _fork = multiprocess.get_context("fork")
 
@@ -38,6 +45,9 @@ class InFlight:
 
 @dataclass
 class ChildHandle:
+    """One child, as Children tracks it. Others read these fields; only
+    Children writes them."""
+
     slot: int
     process: "multiprocess.Process"
     pid: int
@@ -46,7 +56,6 @@ class ChildHandle:
     reader: FrameReader
     outbox: Outbox
     status: StatusBlock
-    started_at: float
     recycle_after: Optional[int]
     ready: bool = False
     queue: Optional[str] = None
@@ -79,6 +88,44 @@ class ChildHandle:
         """(job id, monotonic start) of the job running now, (0, _) if none."""
         return self.status.running()
 
+    def holds(self, job_id: int) -> bool:
+        return any(job.id == job_id for job in self.inflight)
+
+
+@dataclass
+class Released:
+    """Jobs handed back unstarted (outcome "released"): the completer puts
+    them back in their queues, which the claimer should look at again."""
+
+    outcomes: List[Outcome] = field(default_factory=list)
+    queues: Set[str] = field(default_factory=set)
+
+    def extend(self, other: "Released") -> None:
+        self.outcomes.extend(other.outcomes)
+        self.queues |= other.queues
+
+
+@dataclass
+class Checked:
+    """What one deadline check did: children killed for a timeout, jobs
+    taken back from behind long runners."""
+
+    timed_out: int = 0
+    released: Released = field(default_factory=Released)
+
+
+@dataclass
+class Reaped:
+    """A dead child's last word: outcomes it sent before dying plus one for
+    each job it still held, its exit code and the death in words."""
+
+    outcomes: List[Outcome]
+    exitcode: Optional[int]
+    cause: str
+    queue: Optional[str]
+    expected: bool              # it exited after being asked to stop
+    kill_reason: Optional[Tuple[str, str]]
+
 
 F_SETPIPE_SZ = 1031
 PIPE_BYTES = 1 << 20
@@ -93,22 +140,6 @@ def _grow_pipe(fd: int) -> None:
         fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
     except (ImportError, OSError):
         pass  # not Linux, or over the system's limit: refills stay small
-
-
-def _frames(rows: Sequence[tuple]) -> List[list]:
-    """Split a batch into RUN frames of at most ~RUN_FRAME_BYTES of job
-    payload each (a frame always holds at least one job)."""
-    frames: List[list] = [[]]
-    size = 0
-    for row in rows:
-        # args, metadata, progress and callback result: the JSON texts
-        row_bytes = sum(len(row[i] or "") for i in (3, 10, 13, 14))
-        if frames[-1] and size + row_bytes > RUN_FRAME_BYTES:
-            frames.append([])
-            size = 0
-        frames[-1].append(row)
-        size += row_bytes
-    return frames
 
 
 def describe_exit(exitcode: Optional[int]) -> str:
@@ -136,14 +167,14 @@ class Children:
     """All children of one supervisor."""
 
     def __init__(self, count: int, *, result_max_bytes: int, max_tasks_per_child: Optional[int],
-                 inherited_fds: Callable[[], Tuple[Sequence[int], Sequence[int]]]) -> None:
+                 max_memory_per_child: Optional[int] = None,
+                 inherited_fds: Callable[[], Tuple[Sequence[int], Sequence[int]]] = lambda: ((), ())) -> None:
         self.count = count
         self.result_max_bytes = result_max_bytes
         self.max_tasks_per_child = max_tasks_per_child
+        self.max_memory_per_child = max_memory_per_child
         self.inherited_fds = inherited_fds  # () -> (fds to close, db socket fds to neutralize)
         self.by_slot: Dict[int, ChildHandle] = {}
-        self.spawned = 0
-        self.recycled = 0
 
     # -- lifecycle -----------------------------------------------------------
     def spawn(self, slot: int) -> ChildHandle:
@@ -157,7 +188,15 @@ class Children:
             target=child_main, name=f"awa-pool-child-{slot}", daemon=False,
             args=(os.getpid(), down_r, up_w, status, close_in_child, list(neutralize),
                   self.result_max_bytes))
-        process.start()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns when a process with threads forks: the child
+            # inherits their locks in whatever state they were. The completer's
+            # and leader's threads own only their database connections and
+            # queues; a child never touches those (their sockets are pointed
+            # at /dev/null at once), logging re-creates its locks at fork, and
+            # the child leaves through os._exit, so nothing of theirs runs.
+            warnings.filterwarnings("ignore", message=".*multi-threaded.*fork.*", category=DeprecationWarning)
+            process.start()
         os.close(down_r)
         os.close(up_w)
         _grow_pipe(down_w)
@@ -169,17 +208,26 @@ class Children:
             recycle_after = self.max_tasks_per_child + random.randint(0, max(0, self.max_tasks_per_child // 10))
         child = ChildHandle(slot=slot, process=process, pid=process.pid, down_fd=down_w, up_fd=up_r,
                             reader=FrameReader(up_r), outbox=Outbox(down_w), status=status,
-                            started_at=time.monotonic(),
                             recycle_after=recycle_after)
         self.by_slot[slot] = child
-        self.spawned += 1
         return child
 
+    def empty_slots(self) -> List[int]:
+        return [slot for slot in range(self.count) if slot not in self.by_slot]
+
+    def current(self, child: ChildHandle) -> bool:
+        """Is this handle still the live child of its slot (not reaped)?"""
+        return self.by_slot.get(child.slot) is child
+
+    # -- reads -----------------------------------------------------------------
     def all(self) -> List[ChildHandle]:
         return list(self.by_slot.values())
 
     def idle(self) -> List[ChildHandle]:
         return [child for child in self.by_slot.values() if child.idle]
+
+    def any_busy(self) -> bool:
+        return any(child.inflight for child in self.by_slot.values())
 
     def busy_by_queue(self) -> Dict[str, int]:
         counts: Dict[str, int] = {}
@@ -191,26 +239,43 @@ class Children:
     def inflight_leases(self) -> Dict[int, int]:
         return {job.id: job.lease for child in self.by_slot.values() for job in child.inflight}
 
+    def held_ids(self) -> List[int]:
+        return [job.id for child in self.by_slot.values() for job in child.inflight]
+
+    def summary(self) -> Dict[str, object]:
+        """Counts for the heartbeat's stats (and `awa-pool top`)."""
+        children = self.all()
+        return {"children": len(children), "busy": sum(1 for c in children if c.busy),
+                "idle": sum(1 for c in children if c.idle), "busy_by_queue": self.busy_by_queue(),
+                "rss": {str(c.pid): c.rss for c in children if c.rss}}
+
     # -- work ----------------------------------------------------------------
-    def assign(self, child: ChildHandle, queue: str, rows: Sequence[tuple],
-               timeouts: Sequence[Optional[float]]) -> None:
-        """Send a batch of claimed rows (awa.claim columns) to an idle child;
-        `timeouts` are the effective per-job timeouts (row or task default)."""
+    def assign(self, child: ChildHandle, queue: str, jobs: Sequence[ClaimedJob]) -> None:
+        """Send a batch of claimed jobs to a child (idle, or asking for a refill)."""
         child.queue = queue
         start = child.next_position
-        child.inflight.extend(InFlight(row[0], row[7], row[1], row[2], timeout, start + i)
-                              for i, (row, timeout) in enumerate(zip(rows, timeouts)))
-        child.next_position = start + len(rows)
+        child.inflight.extend(InFlight(job.id, job.lease, job.kind, job.queue, job.timeout_s, start + i)
+                              for i, job in enumerate(jobs))
+        child.next_position = start + len(jobs)
         child.refill_wanted = False
-        shortest = min((t for t in timeouts if t), default=None)
+        shortest = min((job.timeout_s for job in jobs if job.timeout_s), default=None)
         if shortest is not None and (child.shortest_timeout is None or shortest < child.shortest_timeout):
             child.shortest_timeout = shortest
-        if not self.post(child, *((RUN, frame) for frame in _frames(rows))):
+        if not self._post(child, *((RUN, frame) for frame in frames(jobs))):
             # It died since it reported idle; the reaper releases these jobs
             # (none of them started) when its sentinel fires.
-            log.warning("child %d is gone; %d claimed job(s) go back to the queue", child.pid, len(rows))
+            log.warning("child %d is gone; %d claimed job(s) go back to the queue", child.pid, len(jobs))
 
-    def post(self, child: ChildHandle, *messages: tuple) -> bool:
+    def wanting_refill(self) -> Dict[str, List[ChildHandle]]:
+        """Children half-way through a batch that may take a next one, by queue."""
+        wanting: Dict[str, List[ChildHandle]] = {}
+        for child in self.by_slot.values():
+            if (child.refill_wanted and child.inflight and not child.stopping and child.kill_reason is None
+                    and child.tasks_left > 0 and self._recycle_reason(child) is None):
+                wanting.setdefault(child.inflight[-1].queue, []).append(child)
+        return wanting
+
+    def _post(self, child: ChildHandle, *messages: tuple) -> bool:
         """Send messages to a child without ever blocking on it (what its
         pipe cannot take now waits in its outbox); False if it is gone."""
         try:
@@ -255,7 +320,112 @@ class Children:
         return outcomes, others
 
     def reply(self, child: ChildHandle, message: tuple) -> None:
-        self.post(child, message)
+        self._post(child, message)
+
+    # -- deadlines -------------------------------------------------------------
+    def check(self, now: float) -> Checked:
+        """Act on every deadline that passed: kill the child of a job past
+        its timeout, take back jobs queued behind one that runs long, kill
+        a child whose cancelled handler outlived its grace."""
+        checked = Checked()
+        for child in self.by_slot.values():
+            if not child.busy or child.kill_reason is not None:
+                continue
+            job_id, started = child.running_job()
+            if job_id:
+                job = next((j for j in child.inflight if j.id == job_id), None)
+                if job is not None and job.timeout_s and now - started > job.timeout_s:
+                    checked.timed_out += 1
+                    self.kill(child, "timeout", f"timed out after {job.timeout_s:g}s: "
+                                                "the child running it was killed")
+                    continue
+                if now - started > TAKE_BACK_AFTER_S and child.inflight[-1].id != job_id:
+                    checked.released.extend(self.take_back(child, f"job {job_id} runs long"))
+            if child.cancel_deadline is not None and now >= child.cancel_deadline:
+                child.cancel_deadline = None
+                if job_id and child.status.cancel_requested_for(job_id):
+                    self.kill(child, "released", "cancelled: the handler did not stop "
+                                                 "within the grace period")
+        return checked
+
+    def next_check(self, now: float) -> float:
+        """When check() may next have something to do: a running job's
+        timeout, the take-back of jobs queued behind it, a cancel's grace. A
+        job that has not started yet starts no earlier than now, so its
+        bounds are never late; waking early only means checking again."""
+        due = math.inf
+        for child in self.by_slot.values():
+            if not child.busy or child.kill_reason is not None:
+                continue
+            job_id, started = child.running_job()
+            if child.shortest_timeout:
+                due = min(due, now + child.shortest_timeout)  # jobs still queued in it
+                running = next((j for j in child.inflight if j.id == job_id), None) if job_id else None
+                if running is not None and running.timeout_s:
+                    due = min(due, started + running.timeout_s)
+            if job_id and child.inflight[-1].id != job_id:  # jobs queued behind the running one
+                due = min(due, started + TAKE_BACK_AFTER_S)
+            elif not job_id and len(child.inflight) > 1:     # between jobs: the next starts from now
+                due = min(due, now + TAKE_BACK_AFTER_S)
+            if child.cancel_deadline is not None:
+                due = min(due, child.cancel_deadline)
+        # Overdue: acted on right after this wait; should acting fail (a
+        # take-back finding the child's status locked) it is retried, not spun on.
+        return due if due > now else now + OVERDUE_RETRY_S
+
+    def take_back(self, child: ChildHandle, why: str) -> Released:
+        """Take back the jobs queued in a child that have not started (behind
+        a job that runs long, or at shutdown). The child skips them; a job
+        it already started stays."""
+        released = Released()
+        if not child.inflight:
+            return released
+        first = child.status.take_back(child.inflight[0].position, child.next_position)
+        if first is None:
+            return released
+        stolen = [job for job in child.inflight if job.position >= first]
+        child.inflight = [job for job in child.inflight if job.position < first]
+        child.refill_wanted = False
+        released.outcomes.extend(Outcome(job.id, job.lease, "released") for job in stolen)
+        released.queues.update(job.queue for job in stolen)
+        if stolen:
+            log.debug("took back %d queued job(s) from child %d (%s)", len(stolen), child.pid, why)
+        return released
+
+    def take_back_all(self, why: str) -> Released:
+        released = Released()
+        for child in self.by_slot.values():
+            released.extend(self.take_back(child, why))
+        return released
+
+    def request_cancel(self, job_id: int, grace_deadline: float) -> List[ChildHandle]:
+        """Tell the children holding this job that it was cancelled (once);
+        returns those newly told. Past the grace deadline, check() kills a
+        child whose handler still runs it."""
+        told = []
+        for child in self.by_slot.values():
+            if child.holds(job_id) and not child.status.cancel_requested_for(job_id):
+                child.status.request_cancel(job_id)
+                child.cancel_deadline = grace_deadline
+                told.append(child)
+        return told
+
+    # -- stopping --------------------------------------------------------------
+    def _recycle_reason(self, child: ChildHandle) -> Optional[str]:
+        if child.recycle_after is not None and child.tasks_done >= child.recycle_after:
+            return f"ran {child.tasks_done} jobs (max tasks per child)"
+        limit = self.max_memory_per_child
+        if limit is not None and child.rss is not None and child.rss > limit:
+            return f"RSS {child.rss // (1024 * 1024)} MB is over the {limit // (1024 * 1024)} MB limit"
+        return None
+
+    def recycle_if_due(self, child: ChildHandle) -> Optional[str]:
+        """Stop an idle child that ran its quota or grew past the memory
+        limit; returns why, or None."""
+        reason = self._recycle_reason(child) if child.idle else None
+        if reason:
+            self.stop(child)
+        return reason
 
     def kill(self, child: ChildHandle, outcome: str, error: str) -> None:
         """SIGKILL a child; its running job gets `outcome` with `error`."""
@@ -267,25 +437,36 @@ class Children:
             pass
 
     def stop(self, child: ChildHandle) -> None:
-        """Ask an idle child to exit (recycling, shutdown)."""
+        """Ask a child to exit after its current batch (recycling, shutdown)."""
         child.stopping = True
-        self.post(child, (STOP,))
+        self._post(child, (STOP,))
 
-    def should_recycle(self, child: ChildHandle, max_memory: Optional[int]) -> Optional[str]:
-        if child.recycle_after is not None and child.tasks_done >= child.recycle_after:
-            return f"ran {child.tasks_done} jobs (max tasks per child)"
-        if max_memory is not None and child.rss is not None and child.rss > max_memory:
-            return f"RSS {child.rss // (1024 * 1024)} MB is over the {max_memory // (1024 * 1024)} MB limit"
-        return None
+    def stop_idle(self) -> None:
+        for child in self.all():
+            if not child.busy and not child.stopping:
+                self.stop(child)
 
-    def is_dead(self, child: ChildHandle) -> bool:
-        return child.process.exitcode is not None
+    def interrupt(self) -> None:
+        """Shutdown's last step: kill the children still running jobs (those
+        jobs go back as available), stop the others."""
+        for child in self.all():
+            if child.busy:
+                self.kill(child, "interrupted", "interrupted by supervisor shutdown")
+            elif not child.stopping:
+                self.stop(child)
 
-    def reap(self, child: ChildHandle) -> Tuple[List[Outcome], Optional[int], str]:
+    def kill_all(self) -> None:
+        """Kill every child at once (the supervisor is exiting)."""
+        for child in self.by_slot.values():
+            try:
+                os.kill(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def reap(self, child: ChildHandle) -> Reaped:
         """Collect a dead child: outcomes it sent before dying, then one for
         each job it still held: the job it was running gets the crash (or the
-        kill reason); jobs it never started are released. Returns (outcomes,
-        exit code, description)."""
+        kill reason); jobs it never started are released."""
         outcomes, _ = self.read(child)
         # The sentinel fires as the child's fds close, a moment before it can be reaped.
         child.process.join(timeout=5)
@@ -304,7 +485,7 @@ class Children:
         child.inflight = []
         self._close(child)
         del self.by_slot[child.slot]
-        return outcomes, exitcode, cause
+        return Reaped(outcomes, exitcode, cause, child.queue, child.stopping, child.kill_reason)
 
     def _close(self, child: ChildHandle) -> None:
         for fd in (child.down_fd, child.up_fd):
@@ -317,14 +498,3 @@ class Children:
             child.process.close()
         except ValueError:
             pass
-
-    def signal_all(self, signum: int) -> None:
-        for child in self.by_slot.values():
-            try:
-                os.kill(child.pid, signum)
-            except ProcessLookupError:
-                pass
-
-    def sentinels(self) -> Iterable[Tuple[int, ChildHandle]]:
-        for child in self.by_slot.values():
-            yield child.process.sentinel, child

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 from . import dispatcher, fetcher
 from .children import ChildHandle, Children
 from .config import PoolConfig, QueueConfig
-from .tasks import registered
+from .protocol import ClaimedJob
 
 TARGET_BATCH_S = 0.004       # a child's batch of short jobs should take about this long
 LEASE_COUNTER_BITS = 40       # leases: supervisor id above, claim counter below
@@ -27,7 +27,7 @@ Db = Callable[[str, Callable[[Any], Any]], Any]
 
 class Claimer:
     def __init__(self, config: PoolConfig, children: Children, db: Db,
-                 connected: Callable[[], bool], on_claimed: Callable[[str, List[tuple]], None]) -> None:
+                 connected: Callable[[], bool], on_claimed: Callable[[str, List[ClaimedJob]], None]) -> None:
         self.config = config
         self.children = children
         self.db = db
@@ -117,12 +117,7 @@ class Claimer:
             self._refill(time.monotonic())
 
     def _refill(self, now: float) -> None:
-        wanting: Dict[str, List[ChildHandle]] = {}
-        for child in self.children.all():
-            if (child.refill_wanted and child.inflight and not child.stopping and child.kill_reason is None
-                    and child.tasks_left > 0
-                    and self.children.should_recycle(child, self.config.max_memory_per_child) is None):
-                wanting.setdefault(child.inflight[-1].queue, []).append(child)
+        wanting = self.children.wanting_refill()
         if not wanting:
             return
         blocked = self._blocked(now)
@@ -144,29 +139,28 @@ class Claimer:
         depth = self._depth(name)
         # a child due for recycling takes no more jobs than it has left
         caps = [max(1, min(depth, child.tasks_left)) for child in kids]
-        rows = self._claim(name, sum(caps), now)
-        if rows is None:
+        jobs = self._claim(name, sum(caps), now)
+        if jobs is None:
             return None
         offset = given = 0
         for index, child in enumerate(kids):
-            left = len(rows) - offset
+            left = len(jobs) - offset
             if left <= 0:
                 break
             take = min(caps[index], -(-left // (len(kids) - index)))  # spread evenly
-            batch = rows[offset:offset + take]
+            self.children.assign(child, name, jobs[offset:offset + take])
             offset += take
-            self.children.assign(child, name, batch, [self._timeout_of(row) for row in batch])
             given += 1
         return given
 
     def _blocked(self, now: float) -> Set[str]:
         return {name for name, until in self.blocked_until.items() if until > now}
 
-    def _claim(self, name: str, want: int, now: float) -> Optional[List[tuple]]:
+    def _claim(self, name: str, want: int, now: float) -> Optional[List[ClaimedJob]]:
         """Claim up to `want` jobs of a queue (trying lanes of a sharded
         queue); None when the database connection was lost."""
         queue = self.queues[name]
-        rows: List[tuple] = []
+        rows: List[ClaimedJob] = []
         for _ in range(self.shards.get(name, 1)):
             lane = self._lane(name)
             got = self.db(f"claiming from {name}", lambda cur: fetcher.claim(
@@ -190,9 +184,3 @@ class Claimer:
         else:
             self.has_work[name] = False
         return rows
-
-    def _timeout_of(self, row: tuple) -> Optional[float]:
-        if row[8] is not None:
-            return row[8]
-        declared = registered(row[1])
-        return declared.timeout if declared is not None else None

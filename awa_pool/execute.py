@@ -15,7 +15,7 @@ from typing import Any, Dict, Optional
 from .context import Channel, JobContext, WaitForCallback, reset_current, set_current
 from .errors import Cancel, Retry, Snooze
 from .job import check_json
-from .protocol import JobSpec, Outcome
+from .protocol import ClaimedJob, Outcome
 from .tasks import Task, registered
 
 TRACEBACK_MAX_CHARS = 8000
@@ -56,7 +56,7 @@ def _loads(text: Optional[str], default: Any) -> Any:
     return _decode(text) if text else default
 
 
-def build_context(job: JobSpec, args: Dict[str, Any], channel: Channel) -> JobContext:
+def build_context(job: ClaimedJob, args: Dict[str, Any], channel: Channel) -> JobContext:
     return JobContext(
         id=job.id, kind=job.kind, queue=job.queue, args=args, attempt=job.attempt,
         max_attempts=job.max_attempts, priority=job.priority, tags=tuple(job.tags or ()),
@@ -81,7 +81,7 @@ def _args_rejected(task: Task, ctx: Optional[JobContext], args: Dict[str, Any]) 
     return None
 
 
-def run(job: JobSpec, channel: Channel, *, result_max_bytes: int = 1024 * 1024) -> Outcome:
+def run(job: ClaimedJob, channel: Channel, *, result_max_bytes: int = 1024 * 1024) -> Outcome:
     """Run the job's handler once; never raises (except BaseExceptions that
     must end the process, like KeyboardInterrupt)."""
     started = time.perf_counter()

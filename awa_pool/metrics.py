@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .db import connect, first_line
 from .errors import AwaError
-from .protocol import Outcome
+from .protocol import ClaimedJob, Outcome
 from .sql import QUERIES
 from .stats import queue_overview
 from .version import __version__
@@ -108,15 +108,13 @@ class Metrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    def on_claim(self, queue: str, rows: List[tuple]) -> None:
+    def on_claim(self, queue: str, jobs: List[ClaimedJob]) -> None:
         now = time.time()
-        for row in rows:
-            # awa.claim column order (protocol.JobSpec): id 0, kind 1, run_at 12
-            job_id, kind, run_at = row[0], row[1], row[12]
-            self._child(self.started, queue, kind).inc()
-            if run_at is not None:
-                self._child(self.pickup, queue).observe(max(0.0, now - float(run_at)))
-            self._kinds[job_id] = kind
+        for job in jobs:
+            self._child(self.started, queue, job.kind).inc()
+            if job.run_at is not None:
+                self._child(self.pickup, queue).observe(max(0.0, now - float(job.run_at)))
+            self._kinds[job.id] = job.kind
         while len(self._kinds) > INFLIGHT_CAP:
             self._kinds.popitem(last=False)
 

@@ -21,8 +21,6 @@ from datetime import datetime, timedelta, timezone as dt_timezone
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterBadDateError, CroniterError, croniter
-
 from .errors import ConfigError
 from .job import MAX_TAGS, check_max_attempts, check_name, check_priority, json_object
 from .tasks import registered
@@ -162,6 +160,8 @@ def check_cron(expression: Any, what: str = "periodic job", zone: Optional[ZoneI
     if not normalized.startswith("@") and fields not in (5, 6):
         raise ConfigError(f"{what}: cron expression {expression!r} has {fields} field(s); "
                           "use 5 (minute hour day month weekday) or 6 (seconds first)")
+    from croniter import CroniterBadDateError, CroniterError
+
     try:
         _iterator(normalized, datetime.now(zone or _UTC), hash_id).get_next()
     except CroniterBadDateError:
@@ -173,7 +173,11 @@ def check_cron(expression: Any, what: str = "periodic job", zone: Optional[ZoneI
     return normalized
 
 
-def _iterator(expression: str, start: datetime, hash_id: Optional[str]) -> croniter:
+def _iterator(expression: str, start: datetime, hash_id: Optional[str]) -> Any:
+    # croniter (and dateutil behind it) costs ~40 ms to import: only processes
+    # that declare or fire schedules pay for it, not every producer.
+    from croniter import croniter
+
     six = not expression.startswith("@") and len(expression.split(" ")) == 6
     return croniter(expression, start, ret_type=datetime, second_at_beginning=six,
                     hash_id=hash_id.encode("utf-8") if hash_id else None)

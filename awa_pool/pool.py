@@ -1,12 +1,19 @@
-"""awa_pool.Pool: run a supervisor from Python, with the CLI's options."""
+"""awa_pool.Pool: run a supervisor from Python, with the CLI's options.
+
+`awa-pool start` builds one of these too, so both take the same options
+with the same defaults (PoolConfig's). The supervisor stack is imported
+only by `run()`: a process that merely enqueues never loads it.
+"""
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .config import PoolConfig, QueuesArg, parse_queues
 from .db import configured_url
-from .supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from .supervisor import Supervisor
 
 
 class Pool:
@@ -16,8 +23,8 @@ class Pool:
     dict of name -> QueueConfig. Other options mirror `awa-pool start`
     (shutdown_timeout, connect_timeout, max_tasks_per_child,
     max_memory_per_child in bytes, max_crashes, retention_completed,
-    retention_failed in seconds, ...). Without a dsn, the configured URL or
-    the embedded Postgres is used.
+    retention_failed in seconds or timedeltas, metrics_port, ...). Without a
+    dsn, the configured URL or the embedded Postgres is used.
     """
 
     def __init__(self, dsn: Optional[str] = None, app: Optional[str] = None,
@@ -30,10 +37,12 @@ class Pool:
             dsn = start_embedded()
         self.config = PoolConfig(dsn=dsn, app=app, workers=workers or os.cpu_count() or 1,
                                  queues=parse_queues(queues), **options)
-        self.supervisor: Optional[Supervisor] = None
+        self.supervisor: Optional["Supervisor"] = None
 
     def run(self) -> int:
         """Run until SIGTERM/SIGINT (or stop()); returns the exit code."""
+        from .supervisor import Supervisor
+
         self.supervisor = Supervisor(self.config)
         metrics = None
         if self.config.metrics_port is not None:

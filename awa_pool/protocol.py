@@ -22,7 +22,7 @@ import errno
 import os
 import pickle
 import struct
-from typing import Any, Deque, List, NamedTuple, Optional, Tuple
+from typing import Any, Deque, List, NamedTuple, Optional, Sequence, Tuple
 
 RUN, REPLY, STOP = 1, 2, 3
 READY, DONE, PROGRESS, REQUEST, LOW = 10, 11, 12, 13, 14
@@ -32,8 +32,13 @@ MAX_FRAME = 1 << 30          # PostgreSQL's largest field: one job always fits
 RUN_FRAME_BYTES = 32 << 20   # a batch of big jobs goes down in several RUN frames
 
 
-class JobSpec(NamedTuple):
-    """A claimed job as the child receives it (columns of awa.claim)."""
+class ClaimedJob(NamedTuple):
+    """A claimed job, as the supervisor tracks it and the child runs it.
+
+    Built in one place only, `fetcher.claim`, from awa.claim's columns, whose
+    names must equal these fields (checked there): a column added to the
+    claim cannot silently shift what every reader sees.
+    """
 
     id: int
     kind: str
@@ -43,7 +48,7 @@ class JobSpec(NamedTuple):
     attempt: int
     max_attempts: int
     lease: int
-    timeout_s: Optional[float]
+    timeout_s: Optional[float]   # effective: the job's own, else its task's declared one
     tags: Optional[List[str]]
     metadata: str        # JSON text
     created_at: float    # epoch seconds
@@ -51,6 +56,27 @@ class JobSpec(NamedTuple):
     progress: Optional[str]
     callback_result: Optional[str]
     batch_id: Optional[int]
+
+    @property
+    def payload_bytes(self) -> int:
+        """Size of its JSON texts: what it weighs in a RUN frame."""
+        return (len(self.args or "") + len(self.metadata or "") + len(self.progress or "")
+                + len(self.callback_result or ""))
+
+
+def frames(jobs: Sequence[ClaimedJob]) -> List[List[ClaimedJob]]:
+    """Split a batch into RUN frames of at most ~RUN_FRAME_BYTES of job
+    payload each (a frame always holds at least one job)."""
+    split: List[List[ClaimedJob]] = [[]]
+    size = 0
+    for job in jobs:
+        weight = job.payload_bytes
+        if split[-1] and size + weight > RUN_FRAME_BYTES:
+            split.append([])
+            size = 0
+        split[-1].append(job)
+        size += weight
+    return split
 
 
 class Outcome(NamedTuple):

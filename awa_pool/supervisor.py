@@ -12,14 +12,12 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import math
 import os
 import random
 import selectors
 import signal
 import socket
 import time
-import warnings
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import psycopg2
@@ -28,7 +26,7 @@ from tenacity import RetryCallState, wait_exponential, wait_random
 
 from .cancels import CancelRelay
 from .child import EXIT_HOOK_FAILED
-from .children import ChildHandle, Children
+from .children import ChildHandle, Children, Released
 from .completer import BackgroundCompleter
 from .claimer import Claimer
 from .config import PoolConfig, QueueConfig
@@ -39,7 +37,7 @@ from .maintenance import Maintenance, default_services
 from .migrate import require_current
 from .notifier import Notifier
 from .periodic_admin import register_schedules
-from .protocol import PROGRESS, REPLY, REQUEST, Outcome
+from .protocol import PROGRESS, REPLY, REQUEST, ClaimedJob, Outcome
 from .requests import answer as answer_request
 from .sql import QUERIES
 from .tasks import all_tasks, import_app
@@ -48,7 +46,6 @@ from .version import __version__
 log = logging.getLogger(__name__)
 
 STARTING, RUNNING, DRAINING, STOPPING, STOPPED = "starting", "running", "draining", "stopping", "stopped"
-TAKE_BACK_AFTER_S = 0.1      # jobs queued behind one running longer than this are taken back
 SETTINGS_REFRESH_S = 5.0
 RECONCILE_INTERVAL_S = 30.0
 FINAL_FLUSH_TIMEOUT_S = 10.0
@@ -68,6 +65,7 @@ class Supervisor:
         self.completer = BackgroundCompleter(config.dsn, config.max_crashes)
         self.children = Children(config.workers, result_max_bytes=config.result_max_bytes,
                                  max_tasks_per_child=config.max_tasks_per_child,
+                                 max_memory_per_child=config.max_memory_per_child,
                                  inherited_fds=self._inherited_fds)
         self.cancels = CancelRelay(self.children, config.cancel_grace, self._db)
         self.selector = selectors.DefaultSelector()
@@ -92,7 +90,7 @@ class Supervisor:
         self.next_settings = now
         self.next_reconcile = now + RECONCILE_INTERVAL_S
         # Observability hooks (metrics): called in the loop, must be cheap.
-        self.on_claim: Optional[Callable[[str, List[tuple]], None]] = None
+        self.on_claim: Optional[Callable[[str, List[ClaimedJob]], None]] = None
         self.on_outcome: Optional[Callable[[str, Outcome], None]] = None
         self.on_event: Optional[Callable[[str, Dict[str, Any]], None]] = None
         self.counters: Dict[str, int] = {}
@@ -126,6 +124,9 @@ class Supervisor:
             cur.execute(QUERIES["worker_session"])
             for name, queue in self.queues.items():
                 cur.execute(QUERIES["configure_queue"], {"name": name, "dlq": queue.dlq, "rate": queue.rate})
+            tasks = sorted(all_tasks().values(), key=lambda declared: declared.kind)
+            cur.execute(QUERIES["register_task_defaults"], {
+                "kinds": [t.kind for t in tasks], "timeouts": [t.timeout for t in tasks]})
         register_schedules(self.conn)
         self._refresh_settings()
         self.completer.start()
@@ -133,7 +134,6 @@ class Supervisor:
         self.listen_ok = self._probe_listen()
         self._install_signals()
         self._watch_notifier()
-        warnings.filterwarnings("ignore", message=".*multi-threaded.*fork.*", category=DeprecationWarning)
         for slot in range(self.config.workers):
             self._spawn(slot)
         if self.config.leader:
@@ -286,14 +286,14 @@ class Supervisor:
         candidates = [self.next_heartbeat, self.next_poll]
         if self.conn is None:
             candidates.append(self.reconnect_at)
-        candidates.append(self._next_child_check(now))
+        candidates.append(self.children.next_check(now))
         if self.state in (DRAINING, STOPPING):
             candidates.append(now + 0.05)
         return max(0.0, min(candidates) - now)
 
     # -- children ----------------------------------------------------------------
     def _on_child_readable(self, child: ChildHandle) -> None:
-        if child.slot not in self.children.by_slot or self.children.by_slot[child.slot] is not child:
+        if not self.children.current(child):
             return
         outcomes, others = self.children.read(child)
         if outcomes:
@@ -303,16 +303,15 @@ class Supervisor:
                 self.completer.add_progress(message[1], message[2], message[3])
             elif message[0] == REQUEST:
                 self._answer(child, message)
-        if child.idle:
-            reason = self.children.should_recycle(child, self.config.max_memory_per_child)
-            if reason and self.state == RUNNING:
+        if self.state == RUNNING:
+            reason = self.children.recycle_if_due(child)
+            if reason:
                 log.info("recycling child %d: %s", child.pid, reason)
                 self._count("recycled")
                 self._event("recycle", {"pid": child.pid, "reason": reason})
-                self.children.stop(child)
 
     def _record_outcomes(self, queue: Optional[str], outcomes: List[Outcome]) -> None:
-        self.completer.add(outcomes, more_coming=any(child.inflight for child in self.children.all()))
+        self.completer.add(outcomes, more_coming=self.children.any_busy())
         for outcome in outcomes:
             if queue and outcome.outcome in ("completed", "failed", "retry", "snooze", "cancel"):
                 self.claimer.record_job_time(queue, outcome.wall_s)
@@ -321,7 +320,7 @@ class Supervisor:
                 self.on_outcome(queue or "", outcome)
 
     def _on_child_exit(self, child: ChildHandle) -> None:
-        if self.children.by_slot.get(child.slot) is not child:
+        if not self.children.current(child):
             return
         for fd in (child.up_fd, child.process.sentinel):
             try:
@@ -329,95 +328,41 @@ class Supervisor:
             except (KeyError, ValueError):
                 pass
         self._unwatch_writes(child)
-        expected = child.stopping
-        killed = child.kill_reason
-        queue = child.queue
-        outcomes, exitcode, cause = self.children.reap(child)
-        self._record_outcomes(queue, outcomes)
-        if exitcode == EXIT_HOOK_FAILED:
+        reaped = self.children.reap(child)
+        self._record_outcomes(reaped.queue, reaped.outcomes)
+        if reaped.exitcode == EXIT_HOOK_FAILED:
             self.fatal = "an on_child_start hook failed in a new child (see its traceback above)"
             log.error("%s; stopping instead of respawning", self.fatal)
             self.exit_code = 3
             self._begin_stop()
-        elif expected and exitcode == 0:
+        elif reaped.expected and reaped.exitcode == 0:
             log.debug("child %d exited after its stop request", child.pid)
         else:
-            victim = next((o.job_id for o in outcomes if o.outcome not in ("released", "completed")), None)
-            if killed is not None:
-                log.warning("child %d killed (%s)%s", child.pid, killed[1],
-                            f" while running job {victim}" if victim else "")
-            else:
-                log.warning("child %d died: %s%s", child.pid, cause,
-                            f" while running job {victim}" if victim else "")
+            victim = next((o.job_id for o in reaped.outcomes if o.outcome not in ("released", "completed")),
+                          None)
+            cause = reaped.kill_reason[1] if reaped.kill_reason else reaped.cause
+            log.warning("child %d %s (%s)%s", child.pid, "killed" if reaped.kill_reason else "died", cause,
+                        f" while running job {victim}" if victim else "")
             self._count("child_died")
-            self._event("child_died", {"pid": child.pid, "cause": killed[1] if killed else cause,
-                                       "job_id": victim})
+            self._event("child_died", {"pid": child.pid, "cause": cause, "job_id": victim})
 
     def _maintain_children(self) -> None:
-        if self.state != RUNNING:
-            return
-        for slot in range(self.config.workers):
-            if slot not in self.children.by_slot:
+        if self.state == RUNNING:
+            for slot in self.children.empty_slots():
                 self._spawn(slot)
 
     def _enforce_deadlines(self, now: float) -> None:
-        for child in self.children.all():
-            if not child.busy or child.kill_reason is not None:
-                continue
-            job_id, started = child.running_job()
-            if job_id:
-                job = next((j for j in child.inflight if j.id == job_id), None)
-                if job is not None and job.timeout_s and now - started > job.timeout_s:
-                    self._count("timed_out")
-                    self.children.kill(child, "timeout", f"timed out after {job.timeout_s:g}s: "
-                                                         "the child running it was killed")
-                    continue
-                if now - started > TAKE_BACK_AFTER_S and child.inflight[-1].id != job_id:
-                    self._take_back(child, f"job {job_id} runs long")
-            self.cancels.enforce_grace(child, job_id, now)
+        checked = self.children.check(now)
+        if checked.timed_out:
+            self._count("timed_out", checked.timed_out)
+        self._release(checked.released)
 
-    def _next_child_check(self, now: float) -> float:
-        """When _enforce_deadlines may next have something to do: a running
-        job's timeout, the take-back of jobs queued behind it, a cancel's
-        grace. A job that has not started yet starts no earlier than now, so
-        its bounds are never late; waking early only means checking again."""
-        due = math.inf
-        for child in self.children.all():
-            if not child.busy or child.kill_reason is not None:
-                continue
-            job_id, started = child.running_job()
-            if child.shortest_timeout:
-                due = min(due, now + child.shortest_timeout)  # jobs still queued in it
-                running = next((j for j in child.inflight if j.id == job_id), None) if job_id else None
-                if running is not None and running.timeout_s:
-                    due = min(due, started + running.timeout_s)
-            if job_id and child.inflight[-1].id != job_id:  # jobs queued behind the running one
-                due = min(due, started + TAKE_BACK_AFTER_S)
-            elif not job_id and len(child.inflight) > 1:     # between jobs: the next starts from now
-                due = min(due, now + TAKE_BACK_AFTER_S)
-            if child.cancel_deadline is not None:
-                due = min(due, child.cancel_deadline)
-        # Overdue: acted on right after this wait; should acting fail (a
-        # take-back finding the child's status locked) it is retried, not spun on.
-        return due if due > now else now + 0.02
-
-    def _take_back(self, child: ChildHandle, why: str) -> None:
-        """Put the jobs queued in a child that have not started back in the
-        queue, for idle children to take (behind a job that runs long, or at
-        shutdown). The child skips them; a job it already started stays."""
-        if not child.inflight:
-            return
-        first = child.status.take_back(child.inflight[0].position, child.next_position)
-        if first is None:
-            return
-        stolen = [job for job in child.inflight if job.position >= first]
-        child.inflight = [job for job in child.inflight if job.position < first]
-        child.refill_wanted = False
-        self.completer.add([Outcome(job.id, job.lease, "released") for job in stolen])
-        if stolen:
-            self.claimer.wake({stolen[0].queue})
+    def _release(self, released: Released) -> None:
+        """Jobs children handed back unstarted go back to their queues."""
+        if released.outcomes:
+            self.completer.add(released.outcomes)
+            self.claimer.wake(released.queues)
             self._count("taken_back")
-            log.debug("took back %d queued job(s) from child %d (%s)", len(stolen), child.pid, why)
 
     def _answer(self, child: ChildHandle, message: tuple) -> None:
         _, request_id, job_id, lease, method, payload = message
@@ -530,18 +475,11 @@ class Supervisor:
             self._reconcile()
 
     def stats(self) -> Dict[str, Any]:
-        children = self.children.all()
-        return {
-            "state": self.state, "children": len(children),
-            "busy": sum(1 for c in children if c.busy), "idle": sum(1 for c in children if c.idle),
-            "leader": bool(self.leader and self.leader.is_leader),
-            "busy_by_queue": self.children.busy_by_queue(),
-            "counters": dict(self.counters, claims=self.claimer.claims, empty_claims=self.claimer.empty_claims,
-                             claimed_jobs=self.claimer.claimed_jobs,
-                             completion_flushes=self.completer.flushes),
-            "rss": {str(c.pid): c.rss for c in children if c.rss},
-            "listen": self.listen_ok,
-        }
+        return dict(
+            self.children.summary(), state=self.state, leader=bool(self.leader and self.leader.is_leader),
+            counters=dict(self.counters, claims=self.claimer.claims, empty_claims=self.claimer.empty_claims,
+                          claimed_jobs=self.claimer.claimed_jobs, completion_flushes=self.completer.flushes),
+            listen=self.listen_ok)
 
     def _poll(self, now: float) -> None:
         interval = self.config.poll_interval if self.listen_ok else min(self.config.poll_interval, 0.2)
@@ -613,32 +551,25 @@ class Supervisor:
     def _begin_drain(self) -> None:
         self.state = DRAINING
         self.drain_deadline = time.monotonic() + self.config.shutdown_timeout
-        for child in self.children.all():  # only the jobs already running finish
-            self._take_back(child, "shutting down")
+        self._release(self.children.take_back_all("shutting down"))  # only running jobs finish
         self._event("draining", {})
 
     def _begin_stop(self) -> None:
         """Kill whatever still runs; its jobs go back as available."""
         self.state = STOPPING
         self.stop_deadline = time.monotonic() + 5.0
-        for child in self.children.all():
-            if child.busy:
-                self.children.kill(child, "interrupted", "interrupted by supervisor shutdown")
-            elif not child.stopping:
-                self.children.stop(child)
+        self.children.interrupt()
 
     def _advance_shutdown(self, now: float) -> None:
         if self.state == DRAINING:
-            if any(child.busy for child in self.children.all()):
+            if self.children.any_busy():
                 if self.drain_deadline is not None and now >= self.drain_deadline:
                     log.warning("shutdown timeout reached; killing the children still running jobs")
                     self._begin_stop()
                 return
             self._begin_stop()
         if self.state == STOPPING:
-            for child in self.children.all():
-                if not child.busy and not child.stopping:
-                    self.children.stop(child)
+            self.children.stop_idle()
             if self.children.all() and now < (self.stop_deadline or now):
                 return
             for child in self.children.all():  # did not exit in time
@@ -663,11 +594,7 @@ class Supervisor:
         self.completer.stop()
         if self.leader is not None:
             self.leader.stop()
-        for child in self.children.all():
-            try:
-                os.kill(child.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        self.children.kill_all()
         self.notifier.close()
         close_quietly(self.conn)
         if self.wakeup_w >= 0:
@@ -682,13 +609,13 @@ class Supervisor:
         if self.state == STOPPED:
             log.info("supervisor %s stopped", self.supervisor_id)
 
-    def _claimed(self, queue: str, rows: List[tuple]) -> None:
+    def _claimed(self, queue: str, jobs: List[ClaimedJob]) -> None:
         if self.on_claim is not None:
-            self.on_claim(queue, rows)
+            self.on_claim(queue, jobs)
 
     # -- observability hooks ----------------------------------------------------
-    def _count(self, name: str) -> None:
-        self.counters[name] = self.counters.get(name, 0) + 1
+    def _count(self, name: str, n: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
 
     def _event(self, name: str, fields: Dict[str, Any]) -> None:
         if self.on_event is not None:

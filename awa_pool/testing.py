@@ -19,11 +19,13 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from .completer import settle_entry
+from .config import DEFAULT_AGING_S
 from .db import cursor_for
 from .errors import AwaError
 from .execute import run
+from .fetcher import claim
 from .job import Job
-from .protocol import JobSpec, Outcome
+from .protocol import ClaimedJob, Outcome
 from .requests import answer as answer_request
 from .sql import QUERIES
 from .tasks import all_tasks, apply_task_defaults
@@ -82,7 +84,7 @@ def run_job(job: Job, *, attempt: int = 1) -> RunResult:
         raise TypeError(f"expected an awa_pool.Job, got {type(job).__name__}")
     job = apply_task_defaults(job)
     now = time.time()
-    spec = JobSpec(id=0, kind=job.kind, queue=job.queue, args=job.args_json, priority=job.priority,
+    spec = ClaimedJob(id=0, kind=job.kind, queue=job.queue, args=job.args_json, priority=job.priority,
                    attempt=attempt, max_attempts=job.max_attempts, lease=1, timeout_s=job.timeout,
                    tags=list(job.tags), metadata=job.metadata_json, created_at=now, run_at=now,
                    progress=None, callback_result=None, batch_id=None)
@@ -105,14 +107,13 @@ def drain(conn: Any, queue: Optional[str] = None, *, max_jobs: int = 10_000) -> 
         while len(ran) < max_jobs:
             claimed = []
             for name in queues:
-                cur.execute(QUERIES["claim"], {"queue": name, "limit": 1, "supervisor": supervisor_id,
-                                               "aging": 60.0, "lane": 0, "lease": None})
-                claimed = cur.fetchall()
+                claimed = claim(cur, queue=name, limit=1, supervisor_id=supervisor_id,
+                                aging_s=DEFAULT_AGING_S)
                 if claimed:
                     break
             if not claimed:
                 break
-            outcome = run(JobSpec(*claimed[0]), channel)
+            outcome = run(claimed[0], channel)
             cur.execute(QUERIES["settle_jobs"], {"outcomes": json.dumps([settle_entry(outcome)]),
                                                  "max_crashes": 3})
             ran.extend((row[0], row[1]) for row in cur.fetchall())

@@ -7,7 +7,7 @@ import socket
 
 import awa_pool
 from awa_pool.child import child_main
-from awa_pool.protocol import (DONE, LOW, READY, RUN, STOP, FrameReader, JobSpec, Outcome, StatusBlock,
+from awa_pool.protocol import (DONE, LOW, READY, RUN, STOP, FrameReader, ClaimedJob, Outcome, StatusBlock,
                                encode, recv_blocking, send)
 
 
@@ -139,18 +139,17 @@ def test_outbox_never_blocks_and_keeps_order_behind_a_full_pipe():
 
 
 def test_a_batch_of_big_jobs_is_split_into_run_frames():
-    from awa_pool.children import _frames
-    from awa_pool.protocol import RUN_FRAME_BYTES
+    from awa_pool.protocol import RUN_FRAME_BYTES, frames
 
-    def row(job_id, args_bytes):
-        return (job_id, "k", "q", "x" * args_bytes, 2, 1, 25, 1, None, None, "{}", 0.0, 0.0, None, None, None)
+    def job(job_id, args_bytes):
+        return _spec(job_id)._replace(args="x" * args_bytes)
 
-    small = [row(i, 10) for i in range(5)]
-    assert _frames(small) == [small]
+    small = [job(i, 10) for i in range(5)]
+    assert frames(small) == [small]
     half = RUN_FRAME_BYTES // 2 + 1
-    big = [row(1, half), row(2, half), row(3, 10), row(4, RUN_FRAME_BYTES * 2)]
-    frames = _frames(big)
-    assert [[r[0] for r in f] for f in frames] == [[1], [2, 3], [4]]  # order kept, one oversize job alone
+    big = [job(1, half), job(2, half), job(3, 10), job(4, RUN_FRAME_BYTES * 2)]
+    split = frames(big)
+    assert [[j.id for j in f] for f in split] == [[1], [2, 3], [4]]  # order kept, one oversize job alone
 
 
 @awa_pool.task("protocol_test_noop")
@@ -158,10 +157,10 @@ def _noop() -> None:
     return None
 
 
-def _spec(job_id: int) -> tuple:
-    return JobSpec(id=job_id, kind="protocol_test_noop", queue="q", args="{}", priority=2, attempt=1,
-                   max_attempts=25, lease=job_id * 10, timeout_s=None, tags=None, metadata="{}",
-                   created_at=0.0, run_at=0.0, progress=None, callback_result=None, batch_id=None)
+def _spec(job_id: int) -> ClaimedJob:
+    return ClaimedJob(id=job_id, kind="protocol_test_noop", queue="q", args="{}", priority=2, attempt=1,
+                      max_attempts=25, lease=job_id * 10, timeout_s=None, tags=None, metadata="{}",
+                      created_at=0.0, run_at=0.0, progress=None, callback_result=None, batch_id=None)
 
 
 def test_a_batch_s_last_outcome_shares_a_write_with_the_next_batch_s_low():

@@ -37,16 +37,15 @@ def test_a_long_job_without_deadlines_does_not_wake_its_supervisor(pools, dsn) -
 
 
 
-# -- the bound itself, on the supervisor's own objects (no processes) ---------------------
+# -- the bound itself, on the children's table (no processes) ------------------------------
 
-def _supervisor_with(*children):
-    from awa_pool.config import PoolConfig
-    from awa_pool.supervisor import Supervisor
+def _children_with(*children):
+    from awa_pool.children import Children
 
-    supervisor = Supervisor(PoolConfig(dsn="postgresql://unused", workers=len(children)))
+    table = Children(len(children), result_max_bytes=1 << 20, max_tasks_per_child=None)
     for child in children:
-        supervisor.children.by_slot[child.slot] = child
-    return supervisor
+        table.by_slot[child.slot] = child
+    return table
 
 
 def _child(slot: int, jobs, shortest_timeout=None):
@@ -55,7 +54,7 @@ def _child(slot: int, jobs, shortest_timeout=None):
     from awa_pool.protocol import StatusBlock
 
     child = ChildHandle(slot=slot, process=None, pid=0, down_fd=-1, up_fd=-1, reader=None, outbox=None,
-                        status=StatusBlock(), started_at=0.0, recycle_after=None, ready=True)
+                        status=StatusBlock(), recycle_after=None, ready=True)
     child.inflight = [InFlight(job_id, 1, "k", "q", timeout, position)
                       for position, (job_id, timeout) in enumerate(jobs)]
     child.shortest_timeout = shortest_timeout  # what Children.assign records
@@ -63,42 +62,44 @@ def _child(slot: int, jobs, shortest_timeout=None):
 
 
 def test_the_next_check_is_the_earliest_deadline_of_any_busy_child() -> None:
-    from awa_pool.supervisor import TAKE_BACK_AFTER_S
+    from awa_pool.children import OVERDUE_RETRY_S, TAKE_BACK_AFTER_S
 
     now = time.monotonic()
     idle = _child(0, [])
     no_deadline = _child(1, [(1, None)])
     no_deadline.status.start(1, 0, now - 100)
-    assert _supervisor_with(idle, no_deadline)._next_child_check(now) == float("inf")
+    assert _children_with(idle, no_deadline).next_check(now) == float("inf")
 
     timed = _child(2, [(2, 5.0)], shortest_timeout=5.0)
     timed.status.start(2, 0, now - 1)
-    assert _supervisor_with(no_deadline, timed)._next_child_check(now) == now - 1 + 5.0
+    assert _children_with(no_deadline, timed).next_check(now) == now - 1 + 5.0
 
     queued = _child(3, [(3, None), (4, None)])
     queued.status.start(3, 0, now - 0.05)
-    assert _supervisor_with(timed, queued)._next_child_check(now) == now - 0.05 + TAKE_BACK_AFTER_S
+    assert _children_with(timed, queued).next_check(now) == now - 0.05 + TAKE_BACK_AFTER_S
 
     # The last job of a batch runs while its earlier outcomes are still unreported:
     # nothing is queued behind it, so no take-back to wake for.
     last = _child(4, [(5, None), (6, None)])
     last.status.start(6, 1, now - 30)
-    assert _supervisor_with(last)._next_child_check(now) == float("inf")
+    assert _children_with(last).next_check(now) == float("inf")
 
     # A job queued behind one without a timeout: it starts no earlier than now.
     behind = _child(5, [(7, None), (8, 2.0)], shortest_timeout=2.0)
     behind.status.start(7, 0, now - 0.01)
-    assert _supervisor_with(behind)._next_child_check(now) == now - 0.01 + TAKE_BACK_AFTER_S
+    assert _children_with(behind).next_check(now) == now - 0.01 + TAKE_BACK_AFTER_S
     behind.status.start(8, 1, now - 0.5)  # (as if 7 were done and reported)
     behind.inflight = behind.inflight[1:]
-    assert _supervisor_with(behind)._next_child_check(now) == now - 0.5 + 2.0
+    assert _children_with(behind).next_check(now) == now - 0.5 + 2.0
 
     cancelled = _child(6, [(9, None)])
     cancelled.status.start(9, 0, now - 1)
-    cancelled.cancel_deadline = now + 3
-    assert _supervisor_with(cancelled)._next_child_check(now) == now + 3
+    table = _children_with(cancelled)
+    assert table.request_cancel(9, now + 3) == [cancelled]
+    assert table.request_cancel(9, now + 5) == []  # told once; its grace does not move
+    assert table.next_check(now) == now + 3
 
     # Overdue (a take-back that could not happen): retried shortly, never a busy loop.
     stuck = _child(7, [(10, None), (11, None)])
     stuck.status.start(10, 0, now - 10)
-    assert _supervisor_with(stuck)._next_child_check(now) == now + 0.02
+    assert _children_with(stuck).next_check(now) == now + OVERDUE_RETRY_S

@@ -94,3 +94,14 @@ SELECT awa.register_callback(%(id)s, %(lease)s, %(timeout_s)s)
 
 -- name: batch_members
 SELECT * FROM awa.jobs WHERE batch_id = %(batch_id)s ORDER BY id
+
+-- name: register_task_defaults
+-- The timeouts this supervisor's tasks declare (NULL: none), which awa.claim
+-- applies to jobs that set no timeout of their own. Rows change only when a
+-- declaration did, so a restart of the same code writes nothing.
+INSERT INTO awa.task_defaults AS t (kind, timeout_s)
+SELECT d.kind, d.timeout_s
+  FROM unnest(%(kinds)s::text[], %(timeouts)s::double precision[]) AS d(kind, timeout_s)
+ON CONFLICT (kind) DO UPDATE
+   SET timeout_s = excluded.timeout_s, updated_at = now()
+ WHERE t.timeout_s IS DISTINCT FROM excluded.timeout_s
