@@ -2,8 +2,8 @@
 
 This module only re-exports the public API (SPEC §1); it holds no logic.
 """
-from .admin import (QueueStats, cancel_job, complete_external, dlq_list, dlq_purge, dlq_retry,
-                    fail_external, get_job, list_jobs, pause_queue, queue_stats, resume_external,
+from .admin import (cancel_job, complete_external, dlq_list, dlq_purge, dlq_retry,
+                    fail_external, get_job, list_jobs, pause_queue, resume_external,
                     resume_queue, retry_external, retry_job, set_queue_shards, wait)
 from .config import PoolConfig, QueueConfig
 from .context import JobContext, WaitForCallback, current_context
@@ -14,6 +14,7 @@ from .migrate import migrate
 from .periodic import periodic
 from .pool import Pool
 from .producer import Batch, enqueue, enqueue_batch, enqueue_many
+from .stats import QueueStats, queue_stats
 from .tasks import Task, on_child_start, task
 from .version import __version__
 

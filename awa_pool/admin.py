@@ -11,7 +11,6 @@ import select
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import psycopg2
@@ -29,24 +28,6 @@ ALL_STATES = [state.value for state in JobState]
 PAYLOAD_MAX_BYTES = 1024 * 1024  # a callback payload becomes a result: same cap as results
 WAIT_RECHECK_S = 5.0             # wait() looks again at least this often
 ERROR_MAX_CHARS = 2000           # fail_external's error text, as for a handler's exception
-
-
-@dataclass(frozen=True)
-class QueueStats:
-    """One queue's counts per state, pause flag and lag (age of its oldest
-    available job in seconds, 0 when none)."""
-
-    queue: str
-    available: int = 0
-    running: int = 0
-    scheduled: int = 0
-    retryable: int = 0
-    waiting_external: int = 0
-    completed: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    paused: bool = False
-    lag_seconds: float = 0.0
 
 
 @contextmanager
@@ -142,22 +123,6 @@ def set_queue_shards(conn: Any, queue: str, shards: int) -> int:
     with cursor_for(conn) as cur:
         cur.execute(QUERIES["set_queue_shards"], {"name": check_name(queue, "queue"), "shards": shards})
         return cur.fetchone()[0]
-
-
-def queue_stats(conn: Any) -> List[QueueStats]:
-    """One QueueStats per known queue (with jobs, or configured), by name."""
-    counts: Dict[str, Dict[str, Any]] = {}
-    with cursor_for(conn) as cur:
-        cur.execute(QUERIES["queue_counts"])
-        for queue, state, n, lag in cur.fetchall():
-            entry = counts.setdefault(queue, {})
-            entry[state] = entry.get(state, 0) + n
-            if lag is not None:
-                entry["lag_seconds"] = max(0.0, float(lag))
-        cur.execute(QUERIES["queue_flags"])
-        for name, paused, _shards, _dlq, _rate in cur.fetchall():
-            counts.setdefault(name, {})["paused"] = paused
-    return [QueueStats(queue=name, **values) for name, values in sorted(counts.items())]
 
 
 # -- callbacks ---------------------------------------------------------------------

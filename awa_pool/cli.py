@@ -401,13 +401,13 @@ def _act_on_jobs(job_ids: List[int], action: Any, applies_to: set, results_in: s
 @queues_app.callback(invoke_without_command=True)
 def queues(ctx: typer.Context, database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
     """Per-queue counts, jobs/s over the last minute and lag (oldest available job's age)."""
-    from .stats import queue_overview
+    from .stats import queue_stats
 
     ctx.obj = {"database_url": database_url}
     if ctx.invoked_subcommand is not None:
         return
     with connection(database_url) as conn:
-        rows = queue_overview(conn)
+        rows = queue_stats(conn)
     if json_out:
         emit_json([out.queue_json(row) for row in rows])
     else:
@@ -469,11 +469,11 @@ def queues_set(ctx: typer.Context, name: str = typer.Argument(..., metavar="QUEU
 def _require_known_queue(conn: Any, name: str, force: bool) -> None:
     """Unknown = no row in awa.queues, no live supervisor serving it and no
     job (live or retained) in it: most likely a typo."""
-    from .stats import queue_known, queue_overview
+    from .stats import queue_known, queue_stats
 
     if force or queue_known(conn, name):
         return
-    known = [row.queue for row in queue_overview(conn)]
+    known = [row.queue for row in queue_stats(conn)]
     hint = f" (known: {', '.join(known[:10])}{', ...' if len(known) > 10 else ''})" if known else ""
     raise UserError(f"unknown queue {name!r}{hint}; use --force to act on a queue nothing uses yet")
 

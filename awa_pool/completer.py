@@ -24,7 +24,6 @@ from .sql import QUERIES
 log = logging.getLogger(__name__)
 
 FLUSH_SIZE = 200
-FLUSH_INTERVAL_S = 0.02
 PROGRESS_INTERVAL_S = 1.0
 
 
@@ -95,19 +94,6 @@ class Completer:
     @property
     def pending(self) -> int:
         return len(self.completed) + len(self.others)
-
-    def next_due(self) -> Optional[float]:
-        times = [t for t in (
-            self.first_pending_at + FLUSH_INTERVAL_S if self.first_pending_at is not None else None,
-            self.progress_due_at) if t is not None]
-        return min(times) if times else None
-
-    def due(self, now: float) -> bool:
-        if self.pending >= FLUSH_SIZE:
-            return True
-        if self.first_pending_at is not None and now - self.first_pending_at >= FLUSH_INTERVAL_S:
-            return True
-        return self.progress_due_at is not None and now >= self.progress_due_at
 
     def flush(self, cur: Any) -> List[Tuple[int, str]]:
         """Write everything pending; returns [(job id, new state)] actually

@@ -29,7 +29,7 @@ from .db import connect, first_line
 from .errors import AwaError
 from .protocol import ClaimedJob, Outcome
 from .sql import QUERIES
-from .stats import queue_overview
+from .stats import queue_stats
 from .version import __version__
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ class Metrics:
                     try:
                         with conn.cursor() as cur:
                             cur.execute(QUERIES["metrics_session"])
-                        self._queue_rows = queue_overview(conn)
+                        self._queue_rows = queue_stats(conn)
                         self._queue_error = None
                     finally:
                         conn.close()

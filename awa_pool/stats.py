@@ -1,6 +1,7 @@
-"""Operator statistics: per-queue overview (counts, throughput, lag), live
-supervisors and per-kind attempt figures. The data behind `awa-pool
-queues`, `kinds`, `top` and the queue gauges of the Prometheus endpoint.
+"""Operator statistics, one read model each: per-queue stats (counts per
+state, throughput, lag, paused), live supervisors and per-kind attempt
+figures. The data behind `queue_stats()`, `awa-pool queues`, `kinds`, `top`,
+the dashboard and the queue gauges of the Prometheus endpoint.
 
 Read-only, in the caller's transaction like the admin functions; no
 printing or formatting here (cli_output.py and top.py do that).
@@ -19,20 +20,24 @@ SUPERVISOR_STALE_S = 10.0   # a supervisor silent for longer is not shown as ali
 
 
 @dataclass(frozen=True)
-class QueueOverview:
-    """A queue's live counts, retained failures, recent throughput and lag."""
+class QueueStats:
+    """One queue: its jobs per state (live, and terminal ones still
+    retained), whether it is paused, its lag (age of its oldest available
+    job in seconds, 0 when none) and its recent throughput."""
 
     queue: str
-    available: int
-    running: int
-    scheduled: int
-    retryable: int
-    waiting_external: int
-    failed: int
-    finished_10s: int
-    finished_60s: int
-    lag_seconds: float
-    paused: bool
+    available: int = 0
+    running: int = 0
+    scheduled: int = 0
+    retryable: int = 0
+    waiting_external: int = 0
+    completed: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    paused: bool = False
+    lag_seconds: float = 0.0
+    finished_10s: int = 0   # jobs that reached a terminal state in the last 10 s
+    finished_60s: int = 0   # ... and in the last minute
 
     @property
     def jobs_per_s(self) -> float:
@@ -111,17 +116,18 @@ def _rows(cur: Any) -> List[Dict[str, Any]]:
     return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
-def queue_overview(conn: Any) -> List[QueueOverview]:
-    """One QueueOverview per known queue, by name."""
+_COUNTS = ("available", "running", "scheduled", "retryable", "waiting_external", "completed",
+           "failed", "cancelled", "finished_10s", "finished_60s")
+
+
+def queue_stats(conn: Any) -> List[QueueStats]:
+    """One QueueStats per known queue (with jobs, history or settings), by name.
+    Read in the caller's transaction; never commits."""
     with cursor_for(conn) as cur:
-        cur.execute(QUERIES["queue_overview"])
+        cur.execute(QUERIES["queue_stats"])
         rows = _rows(cur)
-    return [QueueOverview(
-        queue=row["queue"], available=int(row["available"]), running=int(row["running"]),
-        scheduled=int(row["scheduled"]), retryable=int(row["retryable"]),
-        waiting_external=int(row["waiting_external"]), failed=int(row["failed"]),
-        finished_10s=int(row["finished_10s"]), finished_60s=int(row["finished_60s"]),
-        lag_seconds=float(row["lag_s"] or 0.0), paused=bool(row["paused"])) for row in rows]
+    return [QueueStats(queue=row["queue"], paused=bool(row["paused"]), lag_seconds=float(row["lag_s"] or 0.0),
+                       **{name: int(row[name]) for name in _COUNTS}) for row in rows]
 
 
 def live_supervisors(conn: Any, stale_s: float = SUPERVISOR_STALE_S) -> List[SupervisorInfo]:

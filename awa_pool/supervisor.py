@@ -341,7 +341,8 @@ class Supervisor:
             victim = next((o.job_id for o in reaped.outcomes if o.outcome not in ("released", "completed")),
                           None)
             cause = reaped.kill_reason[1] if reaped.kill_reason else reaped.cause
-            log.warning("child %d %s (%s)%s", child.pid, "killed" if reaped.kill_reason else "died", cause,
+            how = "killed (%s)" if reaped.kill_reason else "died: %s"
+            log.warning("child %d " + how + "%s", child.pid, cause,
                         f" while running job {victim}" if victim else "")
             self._count("child_died")
             self._event("child_died", {"pid": child.pid, "cause": cause, "job_id": victim})

@@ -21,7 +21,7 @@ import psycopg2
 from .cli_output import rate, seconds, size, table
 from .db import connect, describe, first_line
 from .errors import AwaError
-from .stats import QueueOverview, SupervisorInfo, live_supervisors, queue_overview
+from .stats import QueueStats, SupervisorInfo, live_supervisors, queue_stats
 
 # ANSI sequences: alternate screen, cursor, home, clear to end of line/screen.
 ENTER_SCREEN = "\x1b[?1049h\x1b[?25l"
@@ -37,14 +37,14 @@ class Snapshot:
     """One frame's data (or the error that prevented reading it)."""
 
     taken_at: datetime
-    queues: List[QueueOverview] = field(default_factory=list)
+    queues: List[QueueStats] = field(default_factory=list)
     supervisors: List[SupervisorInfo] = field(default_factory=list)
     error: Optional[str] = None
 
     @classmethod
     def collect(cls, conn: Any) -> "Snapshot":
         try:
-            queues = queue_overview(conn)
+            queues = queue_stats(conn)
             supervisors = live_supervisors(conn)
         finally:
             conn.rollback()  # never sit idle in a transaction between frames

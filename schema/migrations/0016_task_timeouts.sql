@@ -132,3 +132,7 @@ BEGIN
         EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f, p_role);
     END LOOP;
 END $$;
+
+-- queue_stats() now reads one named query shared with the CLI, `top` and the
+-- metrics (schema/queries/stats.sql); the function it used to call goes.
+DROP FUNCTION awa.queue_counts();

@@ -34,12 +34,6 @@ ON CONFLICT (name) DO UPDATE SET paused = true, paused_at = now()
 INSERT INTO awa.queues (name, paused, paused_at) VALUES (%(name)s, false, NULL)
 ON CONFLICT (name) DO UPDATE SET paused = false, paused_at = NULL
 
--- name: queue_counts
-SELECT queue, state, n, extract(epoch FROM now() - oldest_available) FROM awa.queue_counts()
-
--- name: queue_flags
-SELECT name, paused, shards, dlq, rate_per_s FROM awa.queues
-
 -- name: resolve_callback
 SELECT job_id, new_state::text
   FROM awa.resolve_callback(%(callback)s::uuid, %(action)s, %(payload)s::jsonb, %(error)s)

@@ -1,15 +1,17 @@
--- Operator statistics behind `awa-pool queues`, `kinds`, `top` and the
--- Prometheus queue gauges. Read-only. Terminal history (awa.jobs_done) is
--- read only through its (queue, state, finalized_at) index, so refreshing
--- these every second stays cheap however much history is retained.
+-- Operator statistics behind queue_stats(), `awa-pool queues`, `kinds`, `top`
+-- and the Prometheus queue gauges. Read-only. Terminal history (awa.jobs_done)
+-- is read only through its (queue, state, finalized_at) index: the recent
+-- throughput reads the last minute of it, the per-state totals an
+-- index-only count of each queue's retained rows.
 
--- name: queue_overview
--- One row per known queue: a queue with live jobs, with a row in
--- awa.queues (every served or paused queue has one) or with terminal
--- history. Live counts come from the hot and deferred tables; `failed`
--- counts terminal failures still retained; finished_10s / finished_60s are
--- jobs that reached a terminal state in the last 10 and 60 seconds; lag_s
--- is the age of the oldest available job (0 when none).
+-- name: queue_stats
+-- One row per known queue: a queue with live jobs, with a row in awa.queues
+-- (every served or paused queue has one) or with terminal history. Live
+-- counts come from the hot and deferred tables, terminal ones from
+-- awa.jobs_done through its (queue, state, finalized_at) index;
+-- finished_10s / finished_60s are jobs that reached a terminal state in the
+-- last 10 and 60 seconds; lag_s is the age of the oldest available job (0
+-- when none).
 WITH RECURSIVE done_names AS (
     (SELECT x.queue FROM awa.jobs_done x ORDER BY x.queue LIMIT 1)
     UNION ALL
@@ -41,7 +43,11 @@ SELECT n.name AS queue,
        coalesce(sum(l.n) FILTER (WHERE l.state = 'retryable'), 0)::bigint AS retryable,
        coalesce(sum(l.n) FILTER (WHERE l.state = 'waiting_external'), 0)::bigint AS waiting_external,
        (SELECT count(*) FROM awa.jobs_done x
+         WHERE x.queue = n.name AND x.state = 'completed') AS completed,
+       (SELECT count(*) FROM awa.jobs_done x
          WHERE x.queue = n.name AND x.state = 'failed') AS failed,
+       (SELECT count(*) FROM awa.jobs_done x
+         WHERE x.queue = n.name AND x.state = 'cancelled') AS cancelled,
        (SELECT count(*) FROM awa.jobs_done x
          WHERE x.queue = n.name AND x.state IN ('completed', 'failed', 'cancelled')
            AND x.finalized_at > now() - interval '10 seconds') AS finished_10s,
