@@ -259,8 +259,14 @@ _EXPLICIT: Dict[Tuple[bool, ...], FrozenSet[str]] = {
     flags: frozenset(name for name, given in zip(("queue", "priority", "max_attempts", "timeout"), flags)
                      if given)
     for flags in itertools.product((False, True), repeat=4)}
-# The defaults of a field a Job leaves unset (Job.__init__ inlines them).
-JOB_DEFAULTS = {"queue": "default", "priority": 2, "max_attempts": 25, "timeout": None}
+# The defaults of a field neither a Job nor its task sets. The only place
+# they are decided in Python; awa.insert_job's SQL defaults for raw SQL
+# producers are the same (tests/test_job.py checks).
+DEFAULT_QUEUE = "default"
+DEFAULT_PRIORITY = 2
+DEFAULT_MAX_ATTEMPTS = 25
+JOB_DEFAULTS = {"queue": DEFAULT_QUEUE, "priority": DEFAULT_PRIORITY, "max_attempts": DEFAULT_MAX_ATTEMPTS,
+                "timeout": None}
 
 
 def _read_only(slot: str) -> Any:
@@ -309,9 +315,9 @@ class Job:
                                     max_attempts is not _UNSET, timeout is not _UNSET)]
         self._kind = check_name(kind, "kind")
         self._args, self._args_json = json_object(args, "args")
-        self._queue = "default" if queue is _UNSET else check_name(queue, "queue")
-        self._priority = 2 if priority is _UNSET else check_priority(priority)
-        self._max_attempts = 25 if max_attempts is _UNSET else check_max_attempts(max_attempts)
+        self._queue = DEFAULT_QUEUE if queue is _UNSET else check_name(queue, "queue")
+        self._priority = DEFAULT_PRIORITY if priority is _UNSET else check_priority(priority)
+        self._max_attempts = DEFAULT_MAX_ATTEMPTS if max_attempts is _UNSET else check_max_attempts(max_attempts)
         self._timeout = None if timeout is _UNSET or timeout is None else to_seconds(
             timeout, "timeout", allow_zero=False)
         if run_at is not None:

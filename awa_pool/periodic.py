@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .errors import ConfigError
-from .job import MAX_TAGS, check_max_attempts, check_name, check_priority, json_object
+from .job import JOB_DEFAULTS, MAX_TAGS, check_max_attempts, check_name, check_priority, json_object
 from .tasks import registered
 
 POLICIES = ("coalesce", "catch_up")
@@ -53,12 +53,13 @@ class Schedule:
     def resolved(self) -> Dict[str, Any]:
         """The row to store: explicit values, else the task's, else the Job defaults."""
         task = registered(self.kind)
+        defaults = task.defaults if task else JOB_DEFAULTS
         return {
             "name": self.name, "expression": self.expression, "timezone": self.timezone,
             "kind": self.kind, "args": self.args, "metadata": self.metadata, "tags": list(self.tags),
-            "queue": self.queue or (task.queue if task else "default"),
-            "priority": self.priority or (task.priority if task else 2),
-            "max_attempts": self.max_attempts or (task.max_attempts if task else 25),
+            "queue": self.queue or defaults["queue"],
+            "priority": self.priority or defaults["priority"],
+            "max_attempts": self.max_attempts or defaults["max_attempts"],
             "missed_fire_policy": self.missed_fire_policy,
         }
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
 from .errors import ConfigError, Seconds, to_seconds
-from .job import Job, check_max_attempts, check_name, check_priority
+from .job import (DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, DEFAULT_QUEUE, Job, check_max_attempts, check_name,
+                  check_priority)
 
 
 @dataclass(frozen=True)
@@ -23,9 +24,9 @@ class Task:
 
     kind: str
     func: Callable[..., Any]
-    queue: str = "default"
-    priority: int = 2
-    max_attempts: int = 25
+    queue: str = DEFAULT_QUEUE
+    priority: int = DEFAULT_PRIORITY
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     timeout: Optional[float] = None
     pass_context: bool = False
 
@@ -55,7 +56,8 @@ _registry: Dict[str, Task] = {}
 _child_start_hooks: List[Callable[[], Any]] = []
 
 
-def task(kind: str, *, queue: str = "default", priority: int = 2, max_attempts: int = 25,
+def task(kind: str, *, queue: str = DEFAULT_QUEUE, priority: int = DEFAULT_PRIORITY,
+         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
          timeout: Optional[Seconds] = None, pass_context: bool = False) -> Callable[[Callable[..., Any]], Task]:
     """Register a handler for a job kind.
 

@@ -24,7 +24,7 @@ from .db import cursor_for
 from .errors import AwaError
 from .execute import run
 from .fetcher import claim
-from .job import Job
+from .job import DEFAULT_QUEUE, Job
 from .protocol import ClaimedJob, Outcome
 from .requests import answer as answer_request
 from .sql import QUERIES
@@ -96,7 +96,7 @@ def drain(conn: Any, queue: Optional[str] = None, *, max_jobs: int = 10_000) -> 
     caller's transaction. Serves `queue`, or every queue the registered tasks
     name. Returns [(job id, new state)] in run order. Scheduled and
     retryable jobs wait for their time, as in a real pool."""
-    queues = [queue] if queue else sorted({task.queue for task in all_tasks().values()} or {"default"})
+    queues = [queue] if queue else sorted({task.queue for task in all_tasks().values()} or {DEFAULT_QUEUE})
     ran: List[Tuple[int, str]] = []
     with cursor_for(conn) as cur:
         cur.execute(QUERIES["register_supervisor"], {

@@ -161,3 +161,21 @@ def test_enqueue_rejects_non_jobs(conn) -> None:
     with pytest.raises(TypeError, match="expected an awa_pool.Job"):
         enqueue_many(conn, [Job("ok"), "not a job"])
     assert conn.get_transaction_status() == 0
+
+
+def test_python_and_sql_producers_share_the_job_defaults(dsn) -> None:
+    """A raw SQL producer calling awa.insert_job without options gets the
+    defaults a Job (and an undecorated kind) gets in Python."""
+    import re
+
+    from awa_pool.job import JOB_DEFAULTS
+
+    signature = scalar(dsn, "SELECT pg_get_function_arguments('awa.insert_job'::regproc)")
+    sql_defaults = dict(re.findall(r"(\w+) \w[\w ]*? DEFAULT ('[^']*'|\w+)", signature))
+    assert sql_defaults["queue"] == f"'{JOB_DEFAULTS['queue']}'"
+    assert int(sql_defaults["priority"]) == JOB_DEFAULTS["priority"]
+    assert int(sql_defaults["max_attempts"]) == JOB_DEFAULTS["max_attempts"]
+    assert sql_defaults["timeout_s"] == "NULL" and JOB_DEFAULTS["timeout"] is None
+    job = Job("k")
+    assert (job.queue, job.priority, job.max_attempts, job.timeout) == tuple(
+        JOB_DEFAULTS[name] for name in ("queue", "priority", "max_attempts", "timeout"))
