@@ -20,7 +20,7 @@ import psycopg2.extras
 
 from .config import parse_duration
 from .db import cursor_for, psycopg2_connection
-from .errors import PayloadTooLarge, UnknownCallback
+from .errors import PayloadTooLarge, Seconds, UnknownCallback, to_seconds
 from .job import JobRecord, JobState, check_name, decode_json_for_record
 from .sql import QUERIES
 
@@ -249,12 +249,14 @@ def dlq_purge(conn: Any, ids: Optional[Iterable[int]] = None, queue: Optional[st
 
 # -- waiting -----------------------------------------------------------------------
 
-def wait(conn: Any, ids: Sequence[int], timeout: Optional[float] = None) -> List[JobRecord]:
+def wait(conn: Any, ids: Sequence[int], timeout: Optional[Seconds] = None) -> List[JobRecord]:
     """Block until every job in `ids` is terminal; return their records in
     the order of `ids`. Wakes on the database's NOTIFY (no busy polling).
-    Raises TimeoutError after `timeout` seconds. `conn` must not be inside a
-    transaction (commit first): waiting needs to see other commits."""
+    Raises TimeoutError after `timeout` (seconds or a timedelta). `conn` must
+    not be inside a transaction (commit first): waiting needs to see other
+    commits."""
     wanted = [_check_id(i) for i in ids]
+    timeout = to_seconds(timeout, "wait timeout")
     raw = psycopg2_connection(conn)
     if raw.get_transaction_status() != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
         raise ValueError("wait() needs a connection outside a transaction: commit or roll back first")

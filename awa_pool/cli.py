@@ -21,6 +21,7 @@ import typer
 
 from . import cli_output as out
 from . import db, embedded
+from .config import PoolConfig
 from .errors import AwaError
 from .version import __version__
 
@@ -146,21 +147,41 @@ def health(database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> N
 
 # -- running a supervisor --------------------------------------------------------
 
+def _seconds_text(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+_POOL_DEFAULTS = PoolConfig(dsn="")
+
+
+def _default(name: str) -> str:
+    """PoolConfig's default for an option, for --help (the one source of defaults)."""
+    return f"default {_seconds_text(getattr(_POOL_DEFAULTS, name))}"
+
+
 @app.command()
-def start(workers: int = typer.Option(os.cpu_count() or 1, "--workers", "-w", help="Child processes."),
+def start(workers: Optional[int] = typer.Option(None, "--workers", "-w", help="Child processes (default: CPU count)."),
           app_module: Optional[str] = typer.Option(None, "--app", "-a",
                                                    help="Module(s) declaring the tasks (comma-separated)."),
           queue: List[str] = typer.Option([], "--queue", "-q",
                                           help="NAME[=WEIGHT][,min=N][,max=N][,rate=R/s][,aging=S][,dlq] "
                                                "(repeatable; default: every queue the tasks name)."),
-          shutdown_timeout: str = typer.Option("30s", "--shutdown-timeout"),
-          connect_timeout: str = typer.Option("30s", "--connect-timeout"),
+          shutdown_timeout: Optional[str] = typer.Option(None, "--shutdown-timeout",
+                                                         help=_default("shutdown_timeout")),
+          connect_timeout: Optional[str] = typer.Option(None, "--connect-timeout", help=_default("connect_timeout")),
           max_tasks_per_child: Optional[int] = typer.Option(None, "--max-tasks-per-child"),
           max_memory_per_child: Optional[str] = typer.Option(None, "--max-memory-per-child",
                                                               help="Like 512MB or 2GB; a plain number is MB."),
-          max_crashes: int = typer.Option(3, "--max-crashes", help="Crashes before a job is failed as poison."),
-          retention_completed: str = typer.Option("24h", "--retention-completed"),
-          retention_failed: str = typer.Option("7d", "--retention-failed"),
+          max_crashes: Optional[int] = typer.Option(
+              None, "--max-crashes", help=f"Crashes before a job is failed as poison "
+                                          f"(default {_POOL_DEFAULTS.max_crashes})."),
+          retention_completed: Optional[str] = typer.Option(None, "--retention-completed",
+                                                            help=_default("retention_completed")),
+          retention_failed: Optional[str] = typer.Option(None, "--retention-failed",
+                                                         help=_default("retention_failed")),
           metrics_port: Optional[int] = typer.Option(None, "--metrics-port",
                                                      help="Serve Prometheus metrics on this port (0 picks one)."),
           log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
@@ -168,43 +189,32 @@ def start(workers: int = typer.Option(os.cpu_count() or 1, "--workers", "-w", he
           migrate_first: bool = typer.Option(False, "--migrate", help="Apply pending migrations first."),
           database_url: Optional[str] = DB_URL) -> None:
     """Run a supervisor with its pool of child processes (SIGTERM drains)."""
-    from .config import PoolConfig, parse_duration, parse_queues, parse_size
+    from .config import parse_duration, parse_size
     from .logs import configure_logging
     from .migrate import migrate as apply_migrations
-    from .supervisor import Supervisor
+    from .pool import Pool
     from .tasks import import_app
 
     configure_logging(log_level, log_format)
-    config = PoolConfig(
-        dsn=resolve_url(database_url), app=app_module, workers=workers, queues=parse_queues(queue),
-        shutdown_timeout=parse_duration(shutdown_timeout, what="--shutdown-timeout"),
-        connect_timeout=parse_duration(connect_timeout, what="--connect-timeout"),
-        max_tasks_per_child=max_tasks_per_child,
-        max_memory_per_child=(parse_size(max_memory_per_child, what="--max-memory-per-child")
-                              if max_memory_per_child else None),
-        max_crashes=max_crashes,
-        retention_completed=parse_duration(retention_completed, what="--retention-completed"),
-        retention_failed=parse_duration(retention_failed, what="--retention-failed"),
-        metrics_port=metrics_port)
+    given: Dict[str, Any] = {"max_tasks_per_child": max_tasks_per_child, "max_crashes": max_crashes,
+                             "metrics_port": metrics_port}
+    for name, text in (("shutdown_timeout", shutdown_timeout), ("connect_timeout", connect_timeout),
+                       ("retention_completed", retention_completed), ("retention_failed", retention_failed)):
+        if text is not None:
+            given[name] = parse_duration(text, what="--" + name.replace("_", "-"))
+    if max_memory_per_child:
+        given["max_memory_per_child"] = parse_size(max_memory_per_child, what="--max-memory-per-child")
+    pool = Pool(resolve_url(database_url), app=app_module, workers=workers, queues=queue,
+                **{name: value for name, value in given.items() if value is not None})
     if app_module:
         import_app(app_module)  # fail fast, with the import error, before touching the database
     if migrate_first:
-        conn = db.connect(config.dsn, retry_for=config.connect_timeout)
+        conn = db.connect(pool.config.dsn, retry_for=pool.config.connect_timeout)
         try:
             apply_migrations(conn)
         finally:
             conn.close()
-    supervisor = Supervisor(config)
-    metrics = None
-    if metrics_port is not None:
-        from .metrics import attach
-
-        metrics = attach(supervisor, metrics_port)
-    try:
-        code = supervisor.run()
-    finally:
-        if metrics is not None:
-            metrics.close()
+    code = pool.run()
     if code:
         raise typer.Exit(code)
 

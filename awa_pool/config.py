@@ -42,6 +42,8 @@ class QueueConfig:
     dlq: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.aging, timedelta):
+            object.__setattr__(self, "aging", self.aging.total_seconds())
         if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not self.weight > 0:
             raise ConfigError(f"queue weight must be a number > 0, got {self.weight!r}")
         if isinstance(self.min, bool) or not isinstance(self.min, int) or self.min < 0:
@@ -206,6 +208,10 @@ def parse_queues(queues: QueuesArg) -> Dict[str, QueueConfig]:
     return result
 
 
+DURATION_OPTIONS = ("shutdown_timeout", "connect_timeout", "retention_completed", "retention_failed",
+                    "cancel_grace", "heartbeat_interval", "heartbeat_staleness", "poll_interval")
+
+
 @dataclass(frozen=True)
 class PoolConfig:
     """Everything a supervisor needs; built by the CLI or awa_pool.Pool."""
@@ -233,11 +239,13 @@ class PoolConfig:
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ConfigError(f"workers must be an int >= 1, got {self.workers!r}")
-        for name in ("shutdown_timeout", "connect_timeout", "retention_completed", "retention_failed",
-                     "cancel_grace", "heartbeat_interval", "heartbeat_staleness", "poll_interval"):
+        for name in DURATION_OPTIONS:
             value = getattr(self, name)
+            if isinstance(value, timedelta):  # every duration: seconds or a timedelta
+                value = value.total_seconds()
+                object.__setattr__(self, name, value)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ConfigError(f"{name} must be seconds >= 0, got {value!r}")
+                raise ConfigError(f"{name} must be seconds >= 0 or a timedelta, got {value!r}")
         if self.max_tasks_per_child is not None and (
                 isinstance(self.max_tasks_per_child, bool) or not isinstance(self.max_tasks_per_child, int)
                 or self.max_tasks_per_child < 1):

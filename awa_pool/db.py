@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
@@ -22,6 +23,7 @@ from .errors import ConfigError, DatabaseUnavailable
 log = logging.getLogger(__name__)
 
 URL_ENV_VARS = ("AWA_DATABASE_URL", "DATABASE_URL")
+WAITING_LOG_EVERY_S = 10.0   # while retrying a connection, at most one log line this often
 APPLICATION_NAME = "awa-pool"
 
 # Advisory lock keys (two-int form): class 0x61776100 ("awa\0") plus a purpose.
@@ -103,17 +105,16 @@ def connect(url: str, *, autocommit: bool = False, retry_for: float = 0.0,
     Raises DatabaseUnavailable (with the password redacted) when it gives up.
     """
     url = check_url(url)
+    waiting = _WaitingLog(url, retry_for)
     try:
         for attempt in Retrying(
             retry=retry_if_exception_type(psycopg2.OperationalError),
             stop=stop_after_delay(retry_for),
             wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
+            before_sleep=waiting.failed,
             reraise=True,
         ):
             with attempt:
-                if attempt.retry_state.attempt_number > 1:
-                    log.info("retrying connection to %s (attempt %d)", describe(url),
-                             attempt.retry_state.attempt_number)
                 return _open(url, autocommit=autocommit, connect_timeout=connect_timeout)
     except psycopg2.OperationalError as exc:
         raise DatabaseUnavailable(
@@ -121,6 +122,30 @@ def connect(url: str, *, autocommit: bool = False, retry_for: float = 0.0,
     except RetryError as exc:  # pragma: no cover - reraise=True makes this unreachable
         raise DatabaseUnavailable(redact(exc)) from None
     raise DatabaseUnavailable(f"cannot connect to {describe(url)}")
+
+
+class _WaitingLog:
+    """While connect() retries: one line saying it waits (for which database,
+    for how long), then at most one every WAITING_LOG_EVERY_S."""
+
+    def __init__(self, url: str, retry_for: float) -> None:
+        self.url, self.retry_for = url, retry_for
+        self.started = time.monotonic()
+        self.last_logged: Optional[float] = None
+
+    def failed(self, state: Any) -> None:
+        now = time.monotonic()
+        error = state.outcome.exception() if state.outcome is not None else None
+        why = first_line(error) if error is not None else "unreachable"
+        if self.last_logged is None:
+            log.info("waiting for the database at %s (up to %gs): %s", describe(self.url),
+                        self.retry_for, why)
+        elif now - self.last_logged >= WAITING_LOG_EVERY_S:
+            log.info("still waiting for the database at %s (%.0fs so far): %s", describe(self.url),
+                        now - self.started, why)
+        else:
+            return
+        self.last_logged = now
 
 
 def close_quietly(conn: Any) -> None:

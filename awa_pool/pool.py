@@ -35,8 +35,9 @@ class Pool:
             from .embedded import start as start_embedded
 
             dsn = start_embedded()
-        self.config = PoolConfig(dsn=dsn, app=app, workers=workers or os.cpu_count() or 1,
-                                 queues=parse_queues(queues), **options)
+        if workers is None:
+            workers = os.cpu_count() or 1
+        self.config = PoolConfig(dsn=dsn, app=app, workers=workers, queues=parse_queues(queues), **options)
         self.supervisor: Optional["Supervisor"] = None
 
     def run(self) -> int:

@@ -171,3 +171,22 @@ def test_queue_stats_counts_every_state_and_measures_lag(dsn, pools):
     open_gate(pools.log_dir, "stats")
     wait_state(dsn, running, "completed")
     assert (_stats(dsn)["slow"].completed, _stats(dsn)["slow"].running) == (1, 0)
+
+
+def test_every_duration_takes_seconds_or_a_timedelta(dsn):
+    """SPEC §1: every delay, timeout and period is seconds or a timedelta."""
+    from awa_pool import Pool, QueueConfig
+
+    job_id, = enqueue_jobs(dsn, Job("noop", queue="nobody_serves_this"))
+    with connection(dsn, autocommit=True) as conn:
+        with pytest.raises(TimeoutError, match="not finished after 0.3s"):
+            awa_pool.wait(conn, [job_id], timeout=timedelta(milliseconds=300))
+        with pytest.raises(ValueError, match="wait timeout must be >= 0"):
+            awa_pool.wait(conn, [job_id], timeout=timedelta(seconds=-1))
+    pool = Pool(dsn, workers=1, shutdown_timeout=timedelta(seconds=5), connect_timeout=timedelta(minutes=1),
+                retention_completed=timedelta(hours=2), retention_failed=timedelta(days=3),
+                cancel_grace=timedelta(seconds=4), queues={"q": QueueConfig(aging=timedelta(seconds=90))})
+    config = pool.config
+    assert (config.shutdown_timeout, config.connect_timeout, config.retention_completed,
+            config.retention_failed, config.cancel_grace) == (5.0, 60.0, 7200.0, 259200.0, 4.0)
+    assert config.queues["q"].aging == 90.0

@@ -97,6 +97,18 @@ def test_start_gives_up_on_an_unreachable_database_after_connect_timeout() -> No
     assert "s3cret-pw" not in result.stderr
 
 
+def test_start_says_once_that_it_waits_for_the_database() -> None:
+    """Not a line per retry (there are about ten in 4 s): one saying what it
+    waits for and for how long, then the error."""
+    result = cli("start", "--app", "apps.basic", "--connect-timeout", "4s", "--database-url", UNREACHABLE)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode != 0
+    assert len(lines) == 2, result.stderr
+    assert "waiting for the database at awa_user@127.0.0.1:1/nowhere (up to 4s)" in lines[0]
+    assert lines[1].startswith("error: cannot connect")
+    assert "s3cret-pw" not in result.stderr
+
+
 def test_metrics_port_in_use(dsn: str) -> None:
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))
