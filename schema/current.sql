@@ -20,8 +20,8 @@
 -- Contents
 --   1. Schema, version table, types, sequences
 --   2. Tables: hot jobs, deferred jobs, terminal history (the done ring),
---      the awa.jobs view, queues, unique keys, supervisors, batches, cron,
---      waiters, retired callbacks
+--      the awa.jobs view, queues, unique keys, supervisors, task defaults,
+--      batches, cron, waiters, retired callbacks
 --   3. Producer functions
 --   4. Claim, completion and the other outcomes of an attempt
 --   5. Callbacks
@@ -261,7 +261,18 @@ CREATE TABLE awa.supervisors (
 );
 CREATE INDEX supervisors_alive ON awa.supervisors (heartbeat_at) WHERE stopped_at IS NULL;
 
--- 2.8 Batches (fan-in): members count `remaining` down as they finish
+-- 2.8 Task defaults: the timeout each task declares (@task(timeout=...)),
+-- recorded by supervisors at start. The claim falls back to it for a job
+-- without its own timeout, so a job enqueued without the task registry (the
+-- CLI without --app, raw SQL awa.insert_job) still gets a deadline.
+-- Supervisors running different versions of a task: the last to start wins.
+CREATE TABLE awa.task_defaults (
+    kind       text PRIMARY KEY,
+    timeout_s  double precision CHECK (timeout_s > 0),
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- 2.9 Batches (fan-in): members count `remaining` down as they finish
 -- (awa.batch_members_done); the last one releases the held follow-up.
 CREATE TABLE awa.batches (
     id          bigserial PRIMARY KEY,
@@ -276,7 +287,7 @@ CREATE TABLE awa.batches (
 -- Retention forgets done batches in bounded chunks.
 CREATE INDEX batches_done_at ON awa.batches (done_at) WHERE done_at IS NOT NULL;
 
--- 2.9 Periodic jobs: declared schedules, and one row per fired tick (the
+-- 2.10 Periodic jobs: declared schedules, and one row per fired tick (the
 -- idempotency guard that makes a double fire impossible even with two
 -- leaders by accident).
 CREATE TABLE awa.cron_jobs (
@@ -307,14 +318,14 @@ CREATE TABLE awa.cron_fires (
 -- Retention forgets old ticks in bounded chunks.
 CREATE INDEX cron_fires_fire_at ON awa.cron_fires (fire_at);
 
--- 2.10 Sessions blocked in awa_pool.wait(): while any is listed, terminal
+-- 2.11 Sessions blocked in awa_pool.wait(): while any is listed, terminal
 -- transitions send a NOTIFY on awa_done (and only then).
 CREATE TABLE awa.waiters (
     pid    integer PRIMARY KEY,
     since  timestamptz NOT NULL DEFAULT now()
 );
 
--- 2.11 Callback ids a job replaced by registering a new one (a later
+-- 2.12 Callback ids a job replaced by registering a new one (a later
 -- attempt): remembered so that a late call with an old id says "already
 -- used", not "unknown". The leader forgets them after 30 days.
 CREATE TABLE awa.callbacks_retired (
@@ -740,7 +751,9 @@ END $$;
 -- level more urgent per interval, down to 1. Each priority level is read
 -- from the claim index in run_at order, so aging needs no sort of the whole
 -- backlog. Paused queues yield nothing; rate-limited queues take tokens from
--- the shared bucket first.
+-- the shared bucket first. The deadline is built from the job's own timeout,
+-- else its task's (awa.task_defaults), and the timeout returned is read off
+-- that deadline: the supervisor enforces the value the database backstops.
 CREATE FUNCTION awa.claim(
     p_queue text, p_limit integer, p_supervisor bigint,
     p_aging_s double precision DEFAULT 60, p_lane smallint DEFAULT 0, p_lease bigint DEFAULT NULL)
@@ -803,10 +816,14 @@ BEGIN
         UPDATE awa.jobs_hot j
            SET state = 'running', attempt = j.attempt + 1, lease = coalesce(p_lease, j.lease + 1),
                attempted_at = clock_timestamp(), supervisor_id = p_supervisor,
-               deadline = CASE WHEN j.timeout_s IS NOT NULL THEN now() + make_interval(secs => j.timeout_s) END
+               deadline = now() + make_interval(secs => coalesce(
+                   j.timeout_s, (SELECT t.timeout_s FROM awa.task_defaults t WHERE t.kind = j.kind)))
          WHERE j.id = ANY (ARRAY(SELECT picked.id FROM picked))
         RETURNING j.id, j.kind, j.queue, j.args::text AS args, j.priority, j.attempt,
-                  j.max_attempts, j.lease, j.timeout_s, j.tags, j.metadata::text AS metadata,
+                  j.max_attempts, j.lease,
+                  -- the supervisor's timeout is read off the deadline just set: one value
+                  extract(epoch FROM j.deadline - now())::double precision AS timeout_s,
+                  j.tags, j.metadata::text AS metadata,
                   extract(epoch FROM j.created_at)::double precision AS created_at,
                   extract(epoch FROM j.run_at)::double precision AS run_at,
                   j.progress::text AS progress, j.callback_result::text AS callback_result, j.batch_id
@@ -1868,7 +1885,8 @@ BEGIN
     EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON awa.jobs_hot, awa.jobs_deferred, '
                    'awa.supervisors, awa.cron_fires TO %I', p_role);
     -- terminal history is added to and rotated, never deleted from, by a worker
-    EXECUTE format('GRANT SELECT, INSERT, UPDATE ON awa.jobs_done, awa.queues, awa.cron_jobs TO %I', p_role);
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE ON awa.jobs_done, awa.queues, awa.cron_jobs, '
+                   'awa.task_defaults TO %I', p_role);
     FOR t IN SELECT i.inhrelid::regclass FROM pg_inherits i WHERE i.inhparent = 'awa.jobs_done'::regclass LOOP
         EXECUTE format('GRANT SELECT, TRUNCATE ON %s TO %I', t, p_role);
     END LOOP;
@@ -1923,4 +1941,5 @@ INSERT INTO awa.schema_migrations (version, name) VALUES
     (12, 'cached_completion_plan'),
     (13, 'set_based_settle'),
     (14, 'uniform_bulk_enqueue'),
-    (15, 'light_rotation');
+    (15, 'light_rotation'),
+    (16, 'task_timeouts');
