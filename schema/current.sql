@@ -598,7 +598,8 @@ END $$;
 
 -- The bulk fast path: jobs that are ready now, with no unique key and no
 -- hold. One INSERT in input order: ids come from the sequence as rows are
--- inserted, so sorted ascending they follow the input.
+-- inserted, so sorted ascending they follow the input. Keys it does not read
+-- (run_at, delay_s, hold, unique_opts) belong to awa.insert_jobs.
 CREATE FUNCTION awa.insert_ready_jobs(p_jobs jsonb, p_batch_id bigint DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -1841,6 +1842,7 @@ CREATE TRIGGER batches_guard_insert BEFORE INSERT ON awa.batches
 CREATE TRIGGER batches_guard_then BEFORE UPDATE OF then_id, sealed ON awa.batches
     FOR EACH ROW EXECUTE FUNCTION awa.batch_guard();
 
+-- The grant helpers name the role in their one-line error when it is missing.
 CREATE FUNCTION awa.require_role(p_role text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -1870,9 +1872,9 @@ BEGIN
     EXECUTE format('GRANT USAGE ON SEQUENCE awa.batches_id_seq TO %I', p_role);
 END $$;
 
--- Everything a supervisor does: claim, complete, settle, heartbeat,
--- callbacks, progress, and the leader's maintenance (promotion, rescue,
--- callback expiry, cron, retention).
+-- Everything a supervisor does: claim, complete, settle, heartbeat, record
+-- its tasks' defaults, callbacks, progress, and the leader's maintenance
+-- (promotion, rescue, callback expiry, cron, retention).
 CREATE FUNCTION awa.grant_worker(p_role text) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
