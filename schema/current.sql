@@ -1740,20 +1740,6 @@ BEGIN
     RETURN j.state;
 END $$;
 
--- Per-queue counts for queue_stats: hot and deferred rows are counted
--- exactly; terminal history through its (queue, state, finalized_at) index.
-CREATE FUNCTION awa.queue_counts()
-RETURNS TABLE (queue text, state text, n bigint, oldest_available timestamptz)
-LANGUAGE sql STABLE AS $$
-    SELECT h.queue, h.state::text, count(*),
-           min(h.run_at) FILTER (WHERE h.state = 'available')
-      FROM awa.jobs_hot h GROUP BY 1, 2
-    UNION ALL
-    SELECT d.queue, d.state::text, count(*), NULL FROM awa.jobs_deferred d GROUP BY 1, 2
-    UNION ALL
-    SELECT x.queue, x.state::text, count(*), NULL FROM awa.jobs_done x GROUP BY 1, 2
-$$;
-
 -- Split a queue into p_shards lanes (1 = one strict-FIFO lane). Jobs not yet
 -- claimed move to their new lane at once: the same ordering key always maps
 -- to the same lane, so per-key order survives the change.

@@ -79,7 +79,7 @@ CHANGES = {
     " AS $$ SELECT t::text $$": "functions: awa.iso_utc(timestamp with time zone) differs",
     "ALTER FUNCTION awa.rotate_done_ring(double precision, double precision, double precision, text,"
     " double precision) RESET jit": "functions: awa.rotate_done_ring(",
-    "GRANT EXECUTE ON FUNCTION awa.queue_counts() TO PUBLIC": "functions: awa.queue_counts() differs",
+    "GRANT EXECUTE ON FUNCTION awa.backoff_s(integer) TO PUBLIC": "functions: awa.backoff_s(integer) differs",
     "GRANT SELECT ON awa.queues TO PUBLIC": "relations: queues differs",
     "ALTER TABLE awa.jobs_hot SET (fillfactor = 90)": "relations: jobs_hot differs",
     "ALTER TABLE awa.queues ALTER COLUMN dlq SET DEFAULT true": "columns: queues.dlq differs",
