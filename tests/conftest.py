@@ -109,9 +109,7 @@ def dsn(server_url: str, template_db: str, worker_id_tag: str) -> Iterator[str]:
         admin.close()
 
 
-@pytest.fixture
-def empty_dsn(server_url: str, worker_id_tag: str) -> Iterator[str]:
-    """URL of a fresh database with no awa schema."""
+def _empty_database(server_url: str, worker_id_tag: str) -> Iterator[str]:
     name = f"awa_e_{worker_id_tag}_{next(_counter)}"
     admin = _admin(server_url)
     try:
@@ -122,6 +120,18 @@ def empty_dsn(server_url: str, worker_id_tag: str) -> Iterator[str]:
         with admin.cursor() as cur:
             cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+@pytest.fixture
+def empty_dsn(server_url: str, worker_id_tag: str) -> Iterator[str]:
+    """URL of a fresh database with no awa schema."""
+    yield from _empty_database(server_url, worker_id_tag)
+
+
+@pytest.fixture
+def other_empty_dsn(server_url: str, worker_id_tag: str) -> Iterator[str]:
+    """A second fresh database with no awa schema (for tests that compare two)."""
+    yield from _empty_database(server_url, worker_id_tag)
 
 
 @pytest.fixture
