@@ -131,7 +131,7 @@ class Chaos:
                 self.progress(now - started)
             time.sleep(0.02)  # the chaos loop's tick
         say("chaos over: resuming paused supervisors, restarting dead ones, letting the queue settle")
-        self.injector.resume_all_paused()
+        self.injector.resume_paused(everyone=True)
         self.fleet.resume_all()
         self.fleet.restart_all_now()
         settled = self.settle(started)
@@ -140,7 +140,7 @@ class Chaos:
     def tick(self) -> None:
         self.log.tail()
         self.fleet.poll()
-        self.injector.resume_due()
+        self.injector.resume_paused()
         self.violations += self.orphans.poll()
 
     def progress(self, elapsed: float) -> None:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 import psycopg2
 
 from chaos_checks import OrphanWatch
-from chaos_fleet import (AdminSession, Fleet, alive, backends_by_supervisor, children_of, connect, identity,
-                         parent_of, say)
+from chaos_fleet import (AdminSession, Fleet, alive, backends_by_supervisor, children_of, close_quietly, connect,
+                         identity, parent_of, say)
 
 if TYPE_CHECKING:
     from chaos_checks import ExecLog
@@ -103,11 +103,7 @@ class Observer(threading.Thread):
                         cur.execute("SELECT state::text, count(*) FROM awa.jobs GROUP BY 1")
                         self.states = dict(cur.fetchall())
             except psycopg2.Error:
-                if conn is not None:
-                    try:
-                        conn.close()
-                    except psycopg2.Error:
-                        pass
+                close_quietly(conn)
                 conn = None
             self.stop_event.wait(0.1)  # probe resolution
         if conn is not None:
@@ -375,15 +371,10 @@ class FaultInjector:
 
         self.observer.add(Probe("pause", cont, check, f"supervisor {pid}"))
 
-    def resume_due(self) -> None:
-        """SIGCONT the paused supervisors whose pause is over."""
+    def resume_paused(self, everyone: bool = False) -> None:
+        """SIGCONT the paused supervisors whose pause is over (every one at the end of the chaos)."""
         now = time.monotonic()
         for pid, due in list(self.pause_due.items()):
-            if now >= due:
+            if everyone or now >= due:
                 del self.pause_due[pid]
                 self.resume(pid)
-
-    def resume_all_paused(self) -> None:
-        for pid in list(self.pause_due):
-            del self.pause_due[pid]
-            self.resume(pid)

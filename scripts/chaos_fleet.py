@@ -50,6 +50,15 @@ def connect(url: str, timeout: int = 3) -> psycopg2.extensions.connection:
     return conn
 
 
+def close_quietly(conn: Optional[psycopg2.extensions.connection]) -> None:
+    """Close a connection that may already be broken; errors mean it is gone anyway."""
+    if conn is not None:
+        try:
+            conn.close()
+        except psycopg2.Error:
+            pass
+
+
 class AdminSession:
     """The chaos loop's own autocommit connection, reopened after outages."""
 
@@ -64,11 +73,8 @@ class AdminSession:
 
     def drop(self, close: bool = True) -> None:
         """Forget the connection (closing it first unless it is known broken)."""
-        if close and self.conn is not None:
-            try:
-                self.conn.close()
-            except psycopg2.Error:
-                pass
+        if close:
+            close_quietly(self.conn)
         self.conn = None
 
 

@@ -19,7 +19,7 @@ import psycopg2
 import psycopg2.extensions
 
 import awa_pool
-from chaos_fleet import connect
+from chaos_fleet import close_quietly, connect
 
 APP_MODULE = "chaos_load"
 LOG_DIR_ENV = "AWA_CHAOS_LOG_DIR"
@@ -184,11 +184,7 @@ class Producer(threading.Thread):
             self.enqueued += 1
 
     def _drop(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except psycopg2.Error:
-                pass
+        close_quietly(self.conn)
         self.conn = None
 
     def _settle_unknown(self, jobs: List[awa_pool.Job]) -> List[awa_pool.Job]:
@@ -248,11 +244,7 @@ class CallbackHelper(threading.Thread):
                         self.counts["already_used"] += 1
             except psycopg2.Error:
                 self.counts["db_errors"] += 1
-                if conn is not None:
-                    try:
-                        conn.close()
-                    except psycopg2.Error:
-                        pass
+                close_quietly(conn)
                 conn = None
             self.stop_event.wait(0.2)  # polling interval of the external system
         if conn is not None:
