@@ -107,8 +107,8 @@ def final_counts(conn, queues) -> dict:
 
 
 def worker_config(workload: str) -> dict:
-    # Chosen by measurement on the 2-core machine (docs/benchmarks.md lists
-    # every variant tried). Override with run.py --cfg 'awa_pool={...}'.
+    # Chosen by measurement on the 2-core machine (docs/benchmarks.md says
+    # why). Override with run.py --cfg 'awa_pool={...}'.
     if workload == "W2":    # no-op drain: two supervisors with one child each overlap
         return {"processes": 2, "workers": 1}  # one's SQL with the other's child work
     if workload == "W3":    # CPU-bound: one child per core
