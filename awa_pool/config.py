@@ -22,6 +22,7 @@ DEFAULT_MAX_CRASHES = 3
 DEFAULT_RETENTION_COMPLETED_S = 24 * 3600.0
 DEFAULT_RETENTION_FAILED_S = 7 * 24 * 3600.0
 DEFAULT_CANCEL_GRACE_S = 10.0
+DEFAULT_DEADLINE_GRACE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,8 @@ def parse_queues(queues: QueuesArg) -> Dict[str, QueueConfig]:
 
 
 DURATION_OPTIONS = ("shutdown_timeout", "connect_timeout", "retention_completed", "retention_failed",
-                    "cancel_grace", "heartbeat_interval", "heartbeat_staleness", "poll_interval")
+                    "cancel_grace", "heartbeat_interval", "heartbeat_staleness", "deadline_grace",
+                    "poll_interval")
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,7 @@ class PoolConfig:
     metrics_port: Optional[int] = None
     heartbeat_interval: float = 2.0
     heartbeat_staleness: float = 10.0
+    deadline_grace: float = DEFAULT_DEADLINE_GRACE_S  # the leader's backstop, past a job's deadline
     poll_interval: float = 1.0
     leader: bool = True
     max_batch_per_child: int = 64

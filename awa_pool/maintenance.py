@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import psycopg2
 
-from .config import DEFAULT_RETENTION_COMPLETED_S, DEFAULT_RETENTION_FAILED_S
+from .config import DEFAULT_DEADLINE_GRACE_S, DEFAULT_RETENTION_COMPLETED_S, DEFAULT_RETENTION_FAILED_S
 from .db import first_line, is_connection_error
 from .periodic import CATCH_UP_CAP, due_fire_times, next_fire_time
 from .sql import QUERIES
@@ -83,7 +83,7 @@ class RescueDeadlines(Service):
     name = "rescue_deadlines"
     interval = 5.0
 
-    def __init__(self, grace_s: float = 30.0) -> None:
+    def __init__(self, grace_s: float = DEFAULT_DEADLINE_GRACE_S) -> None:
         self.grace_s = grace_s
 
     def tick(self, cur: Any) -> int:
@@ -299,7 +299,7 @@ class Maintenance:
         raise KeyError(name)
 
 
-def default_services(*, heartbeat_staleness: float, deadline_grace: float = 30.0,
+def default_services(*, heartbeat_staleness: float, deadline_grace: float = DEFAULT_DEADLINE_GRACE_S,
                      retention_completed: float = DEFAULT_RETENTION_COMPLETED_S,
                      retention_failed: float = DEFAULT_RETENTION_FAILED_S) -> List[Service]:
     return [PromoteDue(), RescueLost(heartbeat_staleness), RescueDeadlines(deadline_grace),

@@ -138,6 +138,7 @@ class Supervisor:
             self._spawn(slot)
         if self.config.leader:
             services = default_services(heartbeat_staleness=self.config.heartbeat_staleness,
+                                        deadline_grace=self.config.deadline_grace,
                                         retention_completed=self.config.retention_completed,
                                         retention_failed=self.config.retention_failed)
             self.leader = Leader(self.config.dsn, self.supervisor_id, Maintenance(services),

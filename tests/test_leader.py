@@ -292,3 +292,35 @@ def test_a_frozen_leader_is_deposed_and_its_jobs_rescued(pools, dsn) -> None:
     finally:
         os.kill(leader, signal.SIGCONT)
     assert len(jobs) == 2
+
+
+def test_the_deadline_of_a_raw_sql_job_comes_from_its_task_and_the_leader_enforces_it(
+        pools, processes, dsn) -> None:
+    """A job enqueued by raw SQL sets no timeout; its task declares 3 s. The
+    claim builds the database deadline from the task's timeout, so when the
+    supervisor running it freezes (and cannot kill its child), the leader's
+    deadline backstop fails the attempt: long before the frozen supervisor
+    would count as lost (the leader here waits 120 s for that)."""
+    import sys
+
+    leader = processes.start([sys.executable, "-c", (
+        "import sys; from awa_pool import Pool; "
+        f"sys.exit(Pool({dsn!r}, app='apps.basic', workers=1, queues=['elsewhere'], "
+        "heartbeat_staleness=120, deadline_grace=1).run())")], name="leader")
+    wait_for(lambda: _leader_pid(dsn) == leader.pid, timeout=30, message="the Pool to lead")
+    owner = pools.start(app="apps.basic", workers=1, name="owner")
+    job_id = scalar(dsn, "SELECT awa.insert_job('hang_with_timeout', '{}'::jsonb)")
+    wait_for(lambda: any(r[0] == "hang_start" for r in exec_records(pools.log_dir)), timeout=30,
+             message="the job to start in the owner's child")
+    os.kill(owner.pid, signal.SIGSTOP)
+    try:
+        row = job_row(dsn, job_id)
+        assert row["timeout_s"] is None  # the job's own: none
+        assert 2.9 < (row["deadline"] - row["attempted_at"]).total_seconds() < 3.5
+        wait_for(lambda: job_row(dsn, job_id)["state"] != "running", timeout=30,
+                 message="the leader's deadline backstop to end the attempt")
+        errors = job_row(dsn, job_id)["errors"]
+        assert "deadline exceeded" in errors[-1]["error"], errors
+        assert owner.poll() is None and leader.poll() is None
+    finally:
+        os.kill(owner.pid, signal.SIGCONT)

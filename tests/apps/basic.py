@@ -97,6 +97,12 @@ def slow(seconds: float = 30.0) -> None:
     time.sleep(seconds)
 
 
+@awa_pool.task("hang_with_timeout", timeout=3.0)
+def hang_with_timeout(seconds: float = 120.0) -> None:
+    record("hang_start", _ctx().id)
+    time.sleep(seconds)
+
+
 @awa_pool.task("cpu")
 def cpu(seconds: float = 1.0) -> dict:
     record("cpu_start", _ctx().id)
