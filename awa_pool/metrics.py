@@ -226,7 +226,7 @@ class _LiveCollector:
         yield GaugeMetricFamily("awa_leader", "1 while this supervisor holds the leader lock.",
                                 value=1 if (leader is not None and leader.is_leader) else 0)
         yield GaugeMetricFamily("awa_database_connected", "1 while the supervisor's main database "
-                                "connection is up.", value=1 if sup.conn is not None else 0)
+                                "connection is up.", value=1 if sup.session.connected else 0)
         # Round trips: what the load costs the database, per job (claims and
         # flushes against jobs started and completed).
         yield CounterMetricFamily("awa_claims", "Claim statements sent.", value=sup.claimer.claims)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import List, Optional, Set, Tuple
+import selectors
+import time
+from typing import Any, List, Optional, Set, Tuple
 
 import psycopg2
 import psycopg2.extensions
@@ -17,6 +19,7 @@ log = logging.getLogger(__name__)
 
 JOBS_CHANNEL = "awa_jobs"
 CANCEL_CHANNEL = "awa_cancel"
+PROBE_TIMEOUT_S = 2.0
 
 
 class Notifier:
@@ -58,6 +61,25 @@ class Notifier:
                     log.warning("ignoring a malformed cancel notification %r", note.payload)
         self.conn.notifies.clear()
         return queues, cancels
+
+    def probe(self, conn: Any, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+        """Does LISTEN work? It needs a session: behind a transaction-mode
+        pooler it silently never fires. Sends ourselves an empty NOTIFY on
+        `conn` and waits for it here; False when it does not come back."""
+        assert self.conn is not None
+        with conn.cursor() as cur:
+            cur.execute(QUERIES["probe_notify"])
+        deadline = time.monotonic() + timeout_s
+        with selectors.DefaultSelector() as waiting:
+            waiting.register(self.conn.fileno(), selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if waiting.select(max(0.0, deadline - time.monotonic())):
+                    self.conn.poll()
+                    notes = self.conn.notifies
+                    if any(n.channel == JOBS_CHANNEL and n.payload == "" for n in notes):
+                        notes[:] = [n for n in notes if n.payload != ""]
+                        return True
+        return False
 
     def close(self) -> None:
         close_quietly(self.conn)

@@ -22,7 +22,6 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import psycopg2
 import psycopg2.extensions
-from tenacity import RetryCallState, wait_exponential, wait_random
 
 from .cancels import CancelRelay
 from .child import EXIT_HOOK_FAILED
@@ -30,13 +29,12 @@ from .children import ChildHandle, Children, Released
 from .completer import BackgroundCompleter
 from .claimer import Claimer
 from .config import PoolConfig, QueueConfig
-from .db import close_quietly, connect, describe, first_line, is_connection_error, socket_of
+from .db import describe, socket_of
 from .errors import AwaError, ConfigError
 from .leader import Leader
 from .maintenance import Maintenance, default_services
-from .migrate import require_current
-from .notifier import Notifier
-from .periodic_admin import register_schedules
+from .registration import read_queue_settings
+from .session import Session
 from .protocol import PROGRESS, REPLY, REQUEST, ClaimedJob, Outcome
 from .requests import answer as answer_request
 from .sql import QUERIES
@@ -58,9 +56,7 @@ class Supervisor:
         self.hostname = socket.gethostname()
         self.pid = os.getpid()
         self.supervisor_id: Optional[int] = None
-        self.conn: Optional[psycopg2.extensions.connection] = None
-        self.notifier = Notifier(config.dsn)
-        self.listen_ok = True
+        self.session = Session(config, on_lost=self._on_db_lost, on_back=self._on_db_back)
         self.notify_fd = -1
         self.completer = BackgroundCompleter(config.dsn, config.max_crashes)
         self.children = Children(config.workers, result_max_bytes=config.result_max_bytes,
@@ -71,7 +67,7 @@ class Supervisor:
         self.selector = selectors.DefaultSelector()
         self.writing: Set[int] = set()  # child pipes watched for writability (outbox pending)
         self.queues: Dict[str, QueueConfig] = {}
-        self.claimer = Claimer(config, self.children, self._db, lambda: self.conn is not None,
+        self.claimer = Claimer(config, self.children, self._db, lambda: self.session.connected,
                                self._claimed)
         self.leader: Optional[Leader] = None
         self.signals: List[int] = []
@@ -80,10 +76,6 @@ class Supervisor:
         self.fatal: Optional[str] = None
         self.drain_deadline: Optional[float] = None
         self.stop_deadline: Optional[float] = None
-        self.db_lost_at: Optional[float] = None
-        self.reconnect_at = 0.0
-        self.reconnect_attempts = 0
-        self._backoff = wait_exponential(multiplier=0.2, max=5.0) + wait_random(0, 0.2)
         now = time.monotonic()
         self.next_heartbeat = now
         self.next_poll = now
@@ -110,31 +102,11 @@ class Supervisor:
         if self.config.app:
             import_app(self.config.app)
         self.queues = self._served_queues()
-        self.conn = self._connect_at_start()
-        require_current(self.conn)
-        with self.conn.cursor() as cur:
-            cur.execute(QUERIES["register_supervisor"], {
-                "hostname": self.hostname, "pid": self.pid, "version": __version__,
-                "queues": sorted(self.queues), "workers": self.config.workers})
-            self.supervisor_id = cur.fetchone()[0]
-            self.claimer.start(self.queues, self.supervisor_id)
-            # The registration above committed synchronously (its id seeds
-            # every lease this supervisor hands out); from here on the
-            # session's writes need not wait for fsync (see worker_session).
-            cur.execute(QUERIES["worker_session"])
-            for name, queue in self.queues.items():
-                cur.execute(QUERIES["configure_queue"], {"name": name, "dlq": queue.dlq, "rate": queue.rate})
-            tasks = sorted(all_tasks().values(), key=lambda declared: declared.kind)
-            cur.execute(QUERIES["register_task_defaults"], {
-                "kinds": [t.kind for t in tasks], "timeouts": [t.timeout for t in tasks]})
-        register_schedules(self.conn)
-        self._refresh_settings()
+        self._start_session()
         self.completer.start()
-        self.notifier.open()
-        self.listen_ok = self._probe_listen()
         self._install_signals()
         self._watch_notifier()
-        for slot in range(self.config.workers):
+        for slot in self.children.empty_slots():
             self._spawn(slot)
         if self.config.leader:
             services = default_services(heartbeat_staleness=self.config.heartbeat_staleness,
@@ -158,31 +130,11 @@ class Supervisor:
             raise ConfigError("nothing to serve: no --queue given and the app registers no tasks")
         return queues
 
-    def _connect_at_start(self) -> psycopg2.extensions.connection:
-        # Commits stay synchronous on this connection: a claim or a callback
-        # registration lost in a server crash after its reply reached a child
-        # would hand the same lease out twice (see worker_session).
-        return connect(self.config.dsn, autocommit=True, retry_for=self.config.connect_timeout,
-                       connect_timeout=max(1, int(min(10, self.config.connect_timeout or 1))))
-
-    def _probe_listen(self) -> bool:
-        """A LISTEN needs a session; behind a transaction-mode pooler it silently
-        never fires. Send ourselves a NOTIFY and fall back to polling if it
-        does not come back."""
-        assert self.conn is not None
-        with self.conn.cursor() as cur:
-            cur.execute(QUERIES["probe_notify"])
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
-            if _wait_readable(self.notifier.fileno(), deadline - time.monotonic()):
-                self.notifier.conn.poll()
-                if any(n.channel == "awa_jobs" and n.payload == "" for n in self.notifier.conn.notifies):
-                    self.notifier.conn.notifies[:] = [
-                        n for n in self.notifier.conn.notifies if n.payload != ""]
-                    return True
-        log.warning("LISTEN/NOTIFY does not reach this supervisor (a transaction-mode connection "
-                    "pooler?); falling back to polling every %.1fs", self.config.poll_interval)
-        return False
+    def _start_session(self) -> None:
+        registration = self.session.start(self.queues, self.pid)
+        self.supervisor_id = registration.supervisor_id
+        self.claimer.start(self.queues, self.supervisor_id)
+        self._apply_settings(registration.shards, registration.paused)
 
     def _install_signals(self) -> None:
         self.wakeup_r, self.wakeup_w = os.pipe()
@@ -202,12 +154,12 @@ class Supervisor:
         """(fds a new child must close, database sockets it must neutralize)."""
         close = [fd for fd in (self.wakeup_r, self.wakeup_w) if fd >= 0]
         sockets = []
-        conns = (self.conn, self.notifier.conn, self.leader.conn if self.leader else None, self.completer.conn)
-        sockets = [fd for fd in map(socket_of, conns) if fd is not None]
+        conns = (self.leader.conn if self.leader else None, self.completer.conn)
+        sockets = self.session.sockets() + [fd for fd in map(socket_of, conns) if fd is not None]
         return close, sockets
 
     def _watch_notifier(self) -> None:
-        self.notify_fd = self.notifier.fileno()
+        self.notify_fd = self.session.notifier.fileno()
         self.selector.register(self.notify_fd, selectors.EVENT_READ, ("notify", None))
 
     def _unwatch_notifier(self) -> None:
@@ -247,18 +199,18 @@ class Supervisor:
         self._handle_signals()
         now = time.monotonic()
         self._enforce_deadlines(now)
-        if self.conn is None:
-            self._maybe_reconnect(now)
+        self.session.maybe_reconnect(now)
         self._maintain_children()
         if now >= self.next_poll:
             self._poll(now)
         # Dispatch before the periodic writes: a job woken by NOTIFY must not
         # wait behind a heartbeat's round trip.
-        if self.state == RUNNING and self.conn is not None:
+        connected = self.session.connected
+        if self.state == RUNNING and connected:
             self.claimer.hand_out()
-        if now >= self.next_heartbeat and self.conn is not None:
+        if now >= self.next_heartbeat and connected:
             self._heartbeat(now)
-        if now >= self.next_settings and self.conn is not None:
+        if now >= self.next_settings and connected:
             self.next_settings = now + SETTINGS_REFRESH_S
             self._refresh_settings()
         if self.state in (DRAINING, STOPPING):
@@ -285,8 +237,8 @@ class Supervisor:
     def _next_timeout(self) -> float:
         now = time.monotonic()
         candidates = [self.next_heartbeat, self.next_poll]
-        if self.conn is None:
-            candidates.append(self.reconnect_at)
+        if not self.session.connected:
+            candidates.append(self.session.reconnect_at)
         candidates.append(self.children.next_check(now))
         if self.state in (DRAINING, STOPPING):
             candidates.append(now + 0.05)
@@ -369,84 +321,32 @@ class Supervisor:
     def _answer(self, child: ChildHandle, message: tuple) -> None:
         _, request_id, job_id, lease, method, payload = message
         try:
-            value = self._db_required(lambda cur: answer_request(cur, job_id, lease, method, payload))
+            value = self.session.run(lambda cur: answer_request(cur, job_id, lease, method, payload))
             reply = (REPLY, request_id, True, value)
         except Exception as exc:  # the handler gets the error raised in its own code
             reply = (REPLY, request_id, False, exc if isinstance(exc, AwaError) else AwaError(str(exc)))
         self.children.reply(child, reply)
 
     # -- database ----------------------------------------------------------------
-    def _db_required(self, fn: Callable[[Any], Any]) -> Any:
-        """Run fn(cursor) on the main connection; errors propagate (a lost
-        connection also starts reconnecting)."""
-        if self.conn is None:
-            raise AwaError("the database is unreachable right now")
-        try:
-            with self.conn.cursor() as cur:
-                return fn(cur)
-        except psycopg2.Error as exc:
-            if is_connection_error(exc) or self.conn.closed:
-                self._lost_db(exc)
-            raise
-
     def _db(self, what: str, fn: Callable[[Any], Any]) -> Any:
-        """Run fn(cursor); on any database error log it (or start
-        reconnecting) and return None."""
-        try:
-            return self._db_required(fn)
-        except AwaError:
-            return None
-        except psycopg2.Error as exc:
-            if self.conn is not None:
-                log.error("%s failed: %s", what, first_line(exc))
-            return None
+        return self.session.run_quietly(what, fn)
 
-    def _lost_db(self, exc: BaseException) -> None:
-        if self.db_lost_at is None:
-            self.db_lost_at = time.monotonic()
-            log.warning("lost the database connection (%s); retrying with backoff while children "
-                        "keep running", first_line(exc))
-            self._count("db_disconnects")
-            self._event("db_lost", {"error": first_line(exc)})
-        close_quietly(self.conn)
-        self.conn = None
+    def _on_db_lost(self, error: str) -> None:
         self._unwatch_notifier()
-        self.notifier.close()
-        self.reconnect_attempts = 0
-        self.reconnect_at = time.monotonic()
+        self._count("db_disconnects")
+        self._event("db_lost", {"error": error})
 
-    def _maybe_reconnect(self, now: float) -> None:
-        if now < self.reconnect_at:
-            return
-        self.reconnect_attempts += 1
-        try:
-            conn = connect(self.config.dsn, autocommit=True, connect_timeout=3)
-            with conn.cursor() as cur:
-                cur.execute(QUERIES["worker_session"])
-            self.notifier.open()
-        except (AwaError, psycopg2.Error) as exc:
-            self.notifier.close()
-            state = RetryCallState(None, None, (), {})
-            state.attempt_number = self.reconnect_attempts
-            delay = self._backoff(state)
-            self.reconnect_at = now + delay
-            log.debug("reconnect attempt %d failed (%s); next in %.1fs", self.reconnect_attempts,
-                      first_line(exc), delay)
-            return
-        self.conn = conn
+    def _on_db_back(self, outage: float) -> None:
         self._watch_notifier()
-        outage = now - (self.db_lost_at or now)
-        self.db_lost_at = None
-        log.info("reconnected to the database after %.1fs", outage)
         self._event("db_reconnected", {"outage_s": round(outage, 3)})
         self.claimer.wake()
         self._reconcile()
-        self.next_heartbeat = now
+        self.next_heartbeat = time.monotonic()
 
     def _reconcile(self) -> None:
         """Release jobs the database says this supervisor runs but no child
         holds (a claim that committed while its reply was lost)."""
-        if self.conn is None or self.supervisor_id is None:
+        if not self.session.connected or self.supervisor_id is None:
             return
         rows = self._db("reconciling", lambda cur: (cur.execute(
             QUERIES["my_running_jobs"], {"id": self.supervisor_id}), cur.fetchall())[1])
@@ -481,34 +381,36 @@ class Supervisor:
             self.children.summary(), state=self.state, leader=bool(self.leader and self.leader.is_leader),
             counters=dict(self.counters, claims=self.claimer.claims, empty_claims=self.claimer.empty_claims,
                           claimed_jobs=self.claimer.claimed_jobs, completion_flushes=self.completer.flushes),
-            listen=self.listen_ok)
+            listen=self.session.listen_ok)
 
     def _poll(self, now: float) -> None:
-        interval = self.config.poll_interval if self.listen_ok else min(self.config.poll_interval, 0.2)
+        listen_ok = self.session.listen_ok
+        interval = self.config.poll_interval if listen_ok else min(self.config.poll_interval, 0.2)
         self.next_poll = now + interval * random.uniform(0.9, 1.1)
         self.claimer.wake()
-        if not self.listen_ok:
+        if not listen_ok:
             self.cancels.sweep(now)
 
     def _refresh_settings(self) -> None:
-        def read(cur: Any) -> None:
-            cur.execute(QUERIES["queue_settings"], {"names": sorted(self.queues)})
-            for name, shards, paused in cur.fetchall():
-                self.claimer.shards[name] = shards
-                if paused:
-                    self.claimer.has_work[name] = False
+        settings = self._db("reading queue settings", lambda cur: read_queue_settings(cur, self.queues))
+        if settings is not None:
+            self._apply_settings(*settings)
 
-        self._db("reading queue settings", read)
+    def _apply_settings(self, shards: Dict[str, int], paused: Dict[str, bool]) -> None:
+        self.claimer.shards.update(shards)
+        for name, is_paused in paused.items():
+            if is_paused:
+                self.claimer.has_work[name] = False
 
     def _on_notify(self) -> None:
-        if not self.notifier.connected:
+        if not self.session.notifier.connected:
             # An earlier event of the same select() lost the database and
             # closed the LISTEN session: this readiness is stale.
             return
         try:
-            queues, cancels = self.notifier.drain()
+            queues, cancels = self.session.notifier.drain()
         except psycopg2.Error as exc:
-            self._lost_db(exc)
+            self.session.lost(exc)
             return
         self.claimer.wake(queues)
         if cancels:
@@ -586,9 +488,9 @@ class Supervisor:
             log.error("could not record %d outcome(s) before exiting; the leader will rescue "
                       "those jobs", self.completer.pending)
         self.completer.stop()
-        if self.conn is None:
-            self.reconnect_at = 0.0
-            self._maybe_reconnect(time.monotonic())
+        if not self.session.connected:
+            self.session.reconnect_at = 0.0
+            self.session.maybe_reconnect(time.monotonic())
         self._db("marking the supervisor stopped", lambda cur: cur.execute(
             QUERIES["supervisor_stopped"], {"id": self.supervisor_id, "stats": json.dumps(self.stats())}))
 
@@ -597,8 +499,7 @@ class Supervisor:
         if self.leader is not None:
             self.leader.stop()
         self.children.kill_all()
-        self.notifier.close()
-        close_quietly(self.conn)
+        self.session.close()
         if self.wakeup_w >= 0:
             try:
                 signal.set_wakeup_fd(-1)
@@ -624,7 +525,4 @@ class Supervisor:
             self.on_event(name, fields)
 
 
-def _wait_readable(fd: int, timeout: float) -> bool:
-    with selectors.DefaultSelector() as probe:
-        probe.register(fd, selectors.EVENT_READ)
-        return bool(probe.select(max(0.0, timeout)))
+

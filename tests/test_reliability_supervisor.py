@@ -185,7 +185,8 @@ def test_a_notify_event_after_the_connection_was_lost_in_the_same_wakeup_is_igno
     from awa_pool.supervisor import Supervisor
 
     supervisor = Supervisor(PoolConfig(dsn=dsn, workers=1))
-    supervisor.notifier.open()
+    session = supervisor.session
+    session.notifier.open()
     supervisor._watch_notifier()
     notify_fd = supervisor.notify_fd
     try:
@@ -194,11 +195,11 @@ def test_a_notify_event_after_the_connection_was_lost_in_the_same_wakeup_is_igno
         producer.close()
         ready = [key.data[0] for key, _ in supervisor.selector.select(5.0)]
         assert "notify" in ready, "the NOTIFY never reached the LISTEN session"
-        supervisor._lost_db(psycopg2.OperationalError("server closed the connection"))
+        session.lost(psycopg2.OperationalError("server closed the connection"))
         supervisor._on_notify()  # the stale event of the same select()
-        assert not supervisor.notifier.connected
-        assert supervisor.conn is None and supervisor.db_lost_at is not None
+        assert not session.notifier.connected
+        assert session.conn is None and session.lost_at is not None
         assert notify_fd not in [key.fd for key in supervisor.selector.get_map().values()]
     finally:
-        supervisor.notifier.close()
+        session.notifier.close()
         supervisor.selector.close()

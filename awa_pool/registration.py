@@ -1,0 +1,59 @@
+"""A supervisor's start-up in the database: check the schema, register the
+supervisor, record the settings of the queues it serves, its tasks' declared
+timeouts (awa.claim applies them) and its schedules.
+
+Each step is idempotent apart from the registration itself, so when the
+database goes away part-way the whole sequence runs again on a new
+connection (a row left by a registration that committed before the loss is
+never heartbeated and is forgotten by the leader).
+"""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Tuple
+
+from .config import QueueConfig
+from .migrate import require_current
+from .periodic_admin import register_schedules
+from .sql import QUERIES
+from .tasks import all_tasks
+from .version import __version__
+
+
+@dataclass(frozen=True)
+class Registration:
+    supervisor_id: int
+    shards: Dict[str, int]      # per served queue, from awa.queues
+    paused: Dict[str, bool]
+
+
+def register(conn: Any, queues: Dict[str, QueueConfig], workers: int, pid: int) -> Registration:
+    """Run the start-up steps on an autocommit connection; returns what the
+    supervisor needs from them."""
+    require_current(conn)
+    with conn.cursor() as cur:
+        cur.execute(QUERIES["register_supervisor"], {
+            "hostname": socket.gethostname(), "pid": pid, "version": __version__,
+            "queues": sorted(queues), "workers": workers})
+        supervisor_id = cur.fetchone()[0]
+        # The registration above committed synchronously (its id seeds every
+        # lease this supervisor hands out); from here on the session's writes
+        # need not wait for fsync (see worker_session).
+        cur.execute(QUERIES["worker_session"])
+        for name, queue in queues.items():
+            cur.execute(QUERIES["configure_queue"], {"name": name, "dlq": queue.dlq, "rate": queue.rate})
+        tasks = sorted(all_tasks().values(), key=lambda declared: declared.kind)
+        cur.execute(QUERIES["register_task_defaults"], {
+            "kinds": [t.kind for t in tasks], "timeouts": [t.timeout for t in tasks]})
+    register_schedules(conn)
+    with conn.cursor() as cur:
+        shards, paused = read_queue_settings(cur, queues)
+    return Registration(supervisor_id, shards, paused)
+
+
+def read_queue_settings(cur: Any, queues: Iterable[str]) -> Tuple[Dict[str, int], Dict[str, bool]]:
+    """(shards, paused) of the named queues, as awa.queues has them now."""
+    cur.execute(QUERIES["queue_settings"], {"names": sorted(queues)})
+    rows = cur.fetchall()
+    return {name: shards for name, shards, _ in rows}, {name: paused for name, _, paused in rows}
