@@ -86,3 +86,55 @@ def test_only_supervisor_and_child_install_signal_handlers() -> None:
         if name in ("supervisor", "child"):
             continue
         assert "signal.signal(" not in source, f"{name}.py installs a signal handler"
+
+
+# The layers of docs/architecture.md: a module imports (at module level) only
+# from its own layer or lower ones. Imports inside functions may reach up
+# (Task.enqueue -> producer, Pool.run -> supervisor): they load on use.
+LAYERS = {
+    0: {"errors", "job", "protocol", "version"},
+    1: {"config", "dispatcher", "context", "execute", "tasks", "periodic"},
+    2: {"db", "sql", "migrate"},
+    3: {"producer", "admin", "stats", "periodic_admin", "fetcher", "completer", "notifier", "leader",
+        "maintenance", "registration", "requests", "grants"},
+    4: {"child", "children", "claimer", "cancels", "session", "supervisor"},
+}
+LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
+
+
+def _package_imports_at_module_level(source: str) -> set:
+    names = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ImportFrom) and node.level:
+            names |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+    return names
+
+
+def test_modules_import_only_their_layer_or_lower_ones() -> None:
+    for name, source in SOURCES.items():
+        own = LAYER_OF.get(name, 5)  # unlisted: entry points (pool, cli, testing, metrics, ...)
+        for imported in _package_imports_at_module_level(source):
+            assert LAYER_OF.get(imported, 5) <= own, \
+                f"{name}.py (layer {own}) imports {imported} (layer {LAYER_OF.get(imported, 5)})"
+    assert LAYER_OF["child"] == 4 and not (
+        _package_imports_at_module_level(SOURCES["child"]) & (LAYERS[2] | LAYERS[3]))
+
+
+def test_a_producer_does_not_load_the_supervisor_stack(dsn) -> None:
+    """`import awa_pool` then enqueue: no supervisor modules, no
+    multiprocess, no croniter in the web process."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, psycopg2, awa_pool\n"
+        f"conn = psycopg2.connect({dsn!r})\n"
+        "awa_pool.enqueue(conn, awa_pool.Job('k', {'a': 1})); conn.commit()\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('awa_pool', 'multiprocess', "
+        "'croniter')))))\n")
+    loaded = set(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                check=True).stdout.split())
+    forbidden = {"awa_pool.supervisor", "awa_pool.children", "awa_pool.claimer", "awa_pool.child",
+                 "multiprocess", "croniter"}
+    assert "awa_pool.producer" in loaded
+    assert not loaded & forbidden, f"a producer loaded {sorted(loaded & forbidden)}"
