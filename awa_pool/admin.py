@@ -7,19 +7,12 @@ needs a connection outside any transaction.
 from __future__ import annotations
 
 import json
-import select
 import time
 import uuid
-from contextlib import contextmanager
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
-
-import psycopg2
-import psycopg2.errors
-import psycopg2.extensions
-import psycopg2.extras
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from .config import parse_duration
-from .db import cursor_for, psycopg2_connection
+from .drivers import INERROR, adapt, cursor_for, sqlstate
 from .errors import PayloadTooLarge, Seconds, UnknownCallback, to_seconds
 from .job import JobRecord, JobState, check_name, decode_json_for_record
 from .sql import QUERIES
@@ -28,15 +21,13 @@ ALL_STATES = [state.value for state in JobState]
 PAYLOAD_MAX_BYTES = 1024 * 1024  # a callback payload becomes a result: same cap as results
 WAIT_RECHECK_S = 5.0             # wait() looks again at least this often
 ERROR_MAX_CHARS = 2000           # fail_external's error text, as for a handler's exception
+NO_DATA_FOUND = "P0002"          # resolve_callback's "unknown or used callback"
 
 
-@contextmanager
-def _record_cursor(conn: Any) -> Iterator[Any]:
+def _record_cursor(conn: Any) -> Any:
     """A cursor whose jsonb values decode as JobRecord fields expect
     (see decode_json_for_record)."""
-    with cursor_for(conn) as cur:
-        psycopg2.extras.register_default_jsonb(cur, loads=decode_json_for_record)
-        yield cur
+    return cursor_for(conn, loads=decode_json_for_record)
 
 
 def _records(cur: Any) -> List[JobRecord]:
@@ -155,22 +146,20 @@ def _resolve(conn: Any, callback: str, action: str, payload: Any = None,
              error: Optional[str] = None) -> JobState:
     callback_id = _callback_uuid(callback)
     payload_json = _payload_json(payload)
-    raw = psycopg2_connection(conn)
-    with cursor_for(conn) as cur:
+    link = adapt(conn)
+    with link.cursor() as cur:
         # a refused callback must leave the caller's transaction usable
-        savepoint = not raw.autocommit
+        savepoint = not link.autocommit
         if savepoint:
             cur.execute(QUERIES["savepoint"])
         try:
             cur.execute(QUERIES["resolve_callback"], {
                 "callback": callback_id, "action": action, "error": error, "payload": payload_json})
-        except psycopg2.errors.NoDataFound as exc:
-            if savepoint:
+        except link.error as exc:
+            if savepoint and link.transaction_status() == INERROR:
                 cur.execute(QUERIES["rollback_to_savepoint"])
-            raise UnknownCallback(exc.diag.message_primary or str(exc)) from None
-        except psycopg2.Error:
-            if savepoint and raw.get_transaction_status() == psycopg2.extensions.TRANSACTION_STATUS_INERROR:
-                cur.execute(QUERIES["rollback_to_savepoint"])
+            if sqlstate(exc) == NO_DATA_FOUND:
+                raise UnknownCallback(exc.diag.message_primary or str(exc)) from None
             raise
         row = cur.fetchone()
         if savepoint:
@@ -257,21 +246,22 @@ def wait(conn: Any, ids: Sequence[int], timeout: Optional[Seconds] = None) -> Li
     commits."""
     wanted = [_check_id(i) for i in ids]
     timeout = to_seconds(timeout, "wait timeout")
-    raw = psycopg2_connection(conn)
-    if raw.get_transaction_status() != psycopg2.extensions.TRANSACTION_STATUS_IDLE:
+    link = adapt(conn, begin=False)
+    if link.in_transaction():
         raise ValueError("wait() needs a connection outside a transaction: commit or roll back first")
     deadline = None if timeout is None else time.monotonic() + timeout
-    autocommit = raw.autocommit
-    raw.autocommit = True
+    autocommit = link.autocommit
+    link.autocommit = True
+    listener = link.listener()
     try:
-        with _record_cursor(raw) as cur:
+        with link.cursor(loads=decode_json_for_record) as cur:
             cur.execute(QUERIES["listen_done"])
             try:
                 while True:
                     # A notification that arrives while the query runs is read
                     # with its result and never makes the socket readable:
                     # clear first, and look again at once if one came in.
-                    raw.notifies.clear()
+                    listener.clear()
                     cur.execute(QUERIES["get_jobs"], {"ids": wanted})
                     records = {record.id: record for record in _records(cur)}
                     missing = [i for i in wanted if i not in records]
@@ -284,14 +274,15 @@ def wait(conn: Any, ids: Sequence[int], timeout: Optional[Seconds] = None) -> Li
                         pending = [i for i in wanted if not records[i].terminal]
                         raise TimeoutError(f"{len(pending)} job(s) not finished after {timeout:g}s "
                                            f"(for example {pending[:5]})")
-                    if raw.notifies:
+                    if listener.pending():
                         continue
                     # A NOTIFY per terminal transition wakes us; the cap only
                     # bounds how long a lost notification could delay us.
                     cap = WAIT_RECHECK_S if remaining is None else min(WAIT_RECHECK_S, remaining)
-                    select.select([raw], [], [], cap)
-                    raw.poll()
+                    listener.wait(cap)
             finally:
                 cur.execute(QUERIES["unlisten_done"])
     finally:
-        raw.autocommit = autocommit
+        listener.close()
+        link.autocommit = autocommit
+

@@ -1,4 +1,5 @@
-"""Database access: URLs, connecting with retry, adapting callers' connections.
+"""Database access for awa_pool's own sessions: URLs, connecting with retry,
+recognising connection errors. (Callers' connections go through drivers.py.)
 
 Every message that may carry a database URL goes through `redact` first, so
 a password never reaches a log, an error or the terminal.
@@ -9,12 +10,10 @@ import logging
 import os
 import re
 import time
-from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import psycopg2
 import psycopg2.extensions
-import psycopg2.extras
 from tenacity import (RetryError, Retrying, retry_if_exception_type, stop_after_delay,
                       wait_exponential, wait_random)
 
@@ -177,42 +176,3 @@ def is_connection_error(exc: BaseException) -> bool:
     pgcode = getattr(exc, "pgcode", None) or ""
     # 57P01 admin_shutdown (pg_terminate_backend), 57P02/57P03, class 08 connection exceptions
     return pgcode.startswith("08") or pgcode in ("57P01", "57P02", "57P03")
-
-
-def psycopg2_connection(conn_or_cursor: Any) -> psycopg2.extensions.connection:
-    """The psycopg2 connection behind a psycopg2 connection or cursor, or a
-    Django / SQLAlchemy connection that wraps one."""
-    seen = 0
-    obj = conn_or_cursor
-    while seen < 6:
-        if isinstance(obj, psycopg2.extensions.connection):
-            return obj
-        if isinstance(obj, psycopg2.extensions.cursor):
-            return obj.connection
-        for attr in ("driver_connection", "dbapi_connection", "connection", "cursor"):
-            inner = getattr(obj, attr, None)
-            if inner is not None and not callable(inner) or isinstance(
-                    inner, (psycopg2.extensions.connection, psycopg2.extensions.cursor)):
-                obj = inner
-                break
-        else:
-            break
-        seen += 1
-    raise TypeError(
-        f"expected a psycopg2 connection or cursor (or a Django/SQLAlchemy connection "
-        f"wrapping one), got {type(conn_or_cursor).__name__}")
-
-
-@contextmanager
-def cursor_for(conn_or_cursor: Any, *, dict_rows: bool = False) -> Iterator[Any]:
-    """A cursor in the caller's transaction. Never commits or rolls back."""
-    if isinstance(conn_or_cursor, psycopg2.extensions.cursor) and not dict_rows:
-        yield conn_or_cursor
-        return
-    conn = psycopg2_connection(conn_or_cursor)
-    factory = psycopg2.extras.RealDictCursor if dict_rows else None
-    cur = conn.cursor(cursor_factory=factory) if factory else conn.cursor()
-    try:
-        yield cur
-    finally:
-        cur.close()

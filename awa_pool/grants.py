@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List
 
-from .db import cursor_for
+from .drivers import cursor_for
 from .sql import QUERIES
 
 PROFILES = ("producer", "worker")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from .db import cursor_for
+from .drivers import cursor_for
 from .errors import AwaError, ConfigError
 from .job import check_name
 from .periodic import Schedule, declared, next_fire_time, schedules_json

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .db import cursor_for
+from .drivers import cursor_for
 from .job import Job
 from .sql import QUERIES
 from .tasks import apply_task_defaults
@@ -53,8 +53,8 @@ def enqueue(conn: Any, job: Job) -> int:
     """Insert one job in the connection's current transaction; returns its id.
 
     With `job.unique`, a duplicate returns the existing job's id and inserts
-    nothing. Works with a psycopg2 connection or cursor, or a Django or
-    SQLAlchemy connection wrapping one.
+    nothing. `conn` is a psycopg2 or psycopg 3 connection or cursor, Django's
+    connection or an SQLAlchemy Connection or Session (see drivers.py).
     """
     job = _check_job(job)
     scheduled = job.run_at is not None or job.delay is not None
@@ -67,32 +67,32 @@ def enqueue(conn: Any, job: Job) -> int:
 def enqueue_many(conn: Any, jobs: Iterable[Job]) -> List[int]:
     """Insert many jobs in one round trip per 5,000; ids come back in input order."""
     checked = [_check_job(job) for job in jobs]
-    return _insert_many(conn, checked, batch_id=None)
-
-
-def _insert_many(conn: Any, jobs: Sequence[Job], batch_id: Optional[int]) -> List[int]:
-    ids: List[int] = []
     with cursor_for(conn) as cur:
-        for start in range(0, len(jobs), MANY_CHUNK):
-            chunk = jobs[start:start + MANY_CHUNK]
-            shapes = {job.bulk_shape() for job in chunk}
-            if len(shapes) == 1 and None not in shapes:
-                kind, queue, priority, max_attempts, timeout = shapes.pop()
-                cur.execute(QUERIES["insert_uniform_jobs"], {
-                    "kind": kind, "queue": queue, "priority": priority, "max_attempts": max_attempts,
-                    "timeout_s": timeout, "batch_id": batch_id,
-                    "args": "[" + ",".join([job.args_json for job in chunk]) + "]"})
-                ids.extend(sorted(row[0] for row in cur.fetchall()))
-                continue
-            payload = "[" + ",".join([job.insert_element() for job in chunk]) + "]"
-            params = {"jobs": payload, "batch_id": batch_id}
-            if all(job.ready_and_plain() for job in chunk):
-                cur.execute(QUERIES["insert_ready_jobs"], params)
-                ids.extend(sorted(row[0] for row in cur.fetchall()))
-            else:
-                cur.execute(QUERIES["insert_jobs"], params)
-                by_position = dict(cur.fetchall())
-                ids.extend(by_position[position] for position in range(1, len(chunk) + 1))
+        return _insert_many(cur, checked, batch_id=None)
+
+
+def _insert_many(cur: Any, jobs: Sequence[Job], batch_id: Optional[int]) -> List[int]:
+    ids: List[int] = []
+    for start in range(0, len(jobs), MANY_CHUNK):
+        chunk = jobs[start:start + MANY_CHUNK]
+        shapes = {job.bulk_shape() for job in chunk}
+        if len(shapes) == 1 and None not in shapes:
+            kind, queue, priority, max_attempts, timeout = shapes.pop()
+            cur.execute(QUERIES["insert_uniform_jobs"], {
+                "kind": kind, "queue": queue, "priority": priority, "max_attempts": max_attempts,
+                "timeout_s": timeout, "batch_id": batch_id,
+                "args": "[" + ",".join([job.args_json for job in chunk]) + "]"})
+            ids.extend(sorted(row[0] for row in cur.fetchall()))
+            continue
+        payload = "[" + ",".join([job.insert_element() for job in chunk]) + "]"
+        params = {"jobs": payload, "batch_id": batch_id}
+        if all(job.ready_and_plain() for job in chunk):
+            cur.execute(QUERIES["insert_ready_jobs"], params)
+            ids.extend(sorted(row[0] for row in cur.fetchall()))
+        else:
+            cur.execute(QUERIES["insert_jobs"], params)
+            by_position = dict(cur.fetchall())
+            ids.extend(by_position[position] for position in range(1, len(chunk) + 1))
     return ids
 
 

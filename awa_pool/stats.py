@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Dict, List, Optional, Tuple
 
-from .db import cursor_for
+from .drivers import cursor_for
 from .job import check_name
 from .sql import QUERIES
 

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .completer import settle_entry
 from .config import DEFAULT_AGING_S
-from .db import cursor_for
+from .drivers import cursor_for
 from .errors import AwaError
 from .execute import run
 from .fetcher import claim

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "awa_pool"
 SOURCES = {path.stem: path.read_text() for path in PACKAGE.glob("*.py")}
 
 CHILD_SIDE = ("child", "execute", "context", "protocol", "job", "errors", "tasks")
-DB_MODULES = {"db", "sql", "producer", "admin", "migrate", "fetcher", "completer", "notifier",
+DB_MODULES = {"db", "drivers", "sql", "producer", "admin", "migrate", "fetcher", "completer", "notifier",
               "leader", "maintenance", "psycopg2"}
 
 
