@@ -14,7 +14,7 @@ from .migrate import migrate
 from .periodic import periodic
 from .pool import Pool
 from .producer import Batch, enqueue, enqueue_batch, enqueue_many
-from .stats import QueueStats, queue_stats
+from .stats import QueueDepth, QueueStats, queue_depth, queue_stats
 from .tasks import Task, on_child_start, task
 from .version import __version__
 
@@ -27,4 +27,5 @@ __all__ = [
     "QueueConfig", "Retry", "SchemaMissing", "Snooze", "Task", "Unique", "UnknownCallback",
     "UnknownJob", "WaitForCallback", "__version__", "current_context", "enqueue",
     "enqueue_batch", "enqueue_many", "migrate", "on_child_start", "periodic", "task",
+    "QueueDepth", "queue_depth",
 ]

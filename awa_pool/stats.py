@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from .drivers import cursor_for
 from .job import check_name
@@ -167,3 +167,34 @@ def queue_known(conn: Any, name: str) -> bool:
     with cursor_for(conn) as cur:
         cur.execute(QUERIES["queue_known"], {"name": check_name(name, "queue")})
         return bool(cur.fetchone()[0])
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    """A queue's live (not yet terminal) jobs, by state."""
+
+    queue: str
+    available: int = 0
+    running: int = 0
+    scheduled: int = 0
+    retryable: int = 0
+    waiting_external: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.available + self.running + self.scheduled + self.retryable + self.waiting_external
+
+
+def queue_depth(conn: Any, queues: Optional[Iterable[str]] = None) -> Dict[str, QueueDepth]:
+    """Live jobs per queue (every queue with one, or each of `queues`, with
+    zeros for a queue that has none). Reads only the live tables, never the
+    history, so it stays cheap however much history is retained."""
+    if isinstance(queues, str):
+        raise TypeError("queues must be a list of queue names, not a single string")
+    names = None if queues is None else [check_name(name, "queue") for name in queues]
+    counts: Dict[str, Dict[str, int]] = {name: {} for name in names or ()}
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["queue_depth"], {"queues": names})
+        for queue, state, n in cur.fetchall():
+            counts.setdefault(queue, {})[state] = int(n)
+    return {name: QueueDepth(queue=name, **by_state) for name, by_state in sorted(counts.items())}

@@ -124,3 +124,15 @@ SELECT kind,
   FROM chosen
  GROUP BY kind
  ORDER BY kind
+
+-- name: queue_depth
+-- Live jobs per queue and state, read from the hot and deferred tables
+-- only (never the terminal history), so an autoscaler or a health check
+-- can poll it every second. A NULL list means every queue.
+SELECT live.queue, live.state::text, count(*)
+  FROM (SELECT h.queue, h.state FROM awa.jobs_hot h
+         WHERE %(queues)s::text[] IS NULL OR h.queue = ANY(%(queues)s::text[])
+        UNION ALL
+        SELECT d.queue, d.state FROM awa.jobs_deferred d
+         WHERE %(queues)s::text[] IS NULL OR d.queue = ANY(%(queues)s::text[])) live
+ GROUP BY 1, 2
