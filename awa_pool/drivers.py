@@ -7,9 +7,9 @@ or Session (psycopg2 or psycopg dialect). `adapt` finds the driver
 connection underneath, refuses anything else (or a closed connection, or
 one whose transaction already failed) with one line before any SQL runs,
 and returns a `Link`: cursors that take the queries' `%(name)s` parameters
-and return plain tuples, with JSON and UUID columns decoded the same way
-whatever the driver or the framework configured, plus the transaction
-status and LISTEN for `wait`. Nothing here commits or rolls back.
+and return plain tuples, with JSON, UUID and timestamptz columns decoded
+the same way whatever the driver or the framework configured, plus the
+transaction status and LISTEN for `wait`. Nothing here commits or rolls back.
 
 No driver or framework is imported here until a caller passes one of its
 objects (found by the module its type comes from), so psycopg 3, Django
@@ -21,6 +21,7 @@ import functools
 import json
 import select
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from typing import Any, Callable, Iterator, Optional, Tuple
 
 ACCEPTED = ("a psycopg2 or psycopg 3 connection or cursor, Django's connection, "
@@ -323,6 +324,25 @@ def _psycopg2_cursor(raw: Any, loads: Loads) -> Any:
     return cur
 
 
+@functools.lru_cache(maxsize=1)
+def _psycopg_timestamptz_loader() -> type:
+    from psycopg.types.datetime import TimestamptzLoader
+
+    class InfinityTimestamptzLoader(TimestamptzLoader):
+        """'infinity' (a held batch follow-up's run_at) as psycopg2 loads it,
+        instead of psycopg 3's DataError."""
+
+        def load(self, data: Any) -> Any:
+            text = bytes(data)
+            if text == b"infinity":
+                return datetime.max.replace(tzinfo=timezone.utc)
+            if text == b"-infinity":
+                return datetime.min.replace(tzinfo=timezone.utc)
+            return super().load(data)
+
+    return InfinityTimestamptzLoader
+
+
 def _psycopg_cursor(raw: Any, loads: Loads) -> Any:
     import psycopg
     from psycopg.rows import tuple_row
@@ -338,4 +358,5 @@ def _psycopg_cursor(raw: Any, loads: Loads) -> Any:
     cur = psycopg.ClientCursor(raw, row_factory=tuple_row)
     set_json_loads(loads, cur)
     cur.adapters.register_loader("uuid", TextLoader)
+    cur.adapters.register_loader("timestamptz", _psycopg_timestamptz_loader())
     return cur

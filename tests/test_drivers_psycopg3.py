@@ -81,6 +81,11 @@ def test_producers_join_the_callers_transaction(pg3, dsn) -> None:
     assert len(set(ids)) == 11 and len(_kinds(dsn)) == 11
     with connection(dsn) as check:
         full = awa_pool.get_job(check, ids[1])
+        # every record reads the same through psycopg 3 as through psycopg2,
+        # the held batch follow-up's 'infinity' run_at included
+        assert awa_pool.list_jobs(handle) == awa_pool.list_jobs(check)
+        assert [awa_pool.get_job(handle, i) for i in ids] == [awa_pool.get_job(check, i) for i in ids]
+        assert awa_pool.get_job(handle, ids[-2]).run_at.year == 9999
     assert (full.queue, full.priority, full.max_attempts, full.timeout) == ("q1", 4, 3, 12.5)
     assert full.args == {"a": [1, 2], "s": "it's 100%"} and full.tags == ("x", "y")
     assert full.metadata == {"m": True} and full.ordering_key == "key" and full.state == "scheduled"
