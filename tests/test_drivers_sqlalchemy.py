@@ -4,13 +4,20 @@ awa_pool starts the transaction the way SQLAlchemy's autobegin would and
 never ends it, and what cannot work is refused with one line."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 from sqlalchemy import create_engine, insert, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, scoped_session, sessionmaker
 
 import awa_pool
+import awa_pool.testing
 from awa_pool import Job
+from conftest import ROOT
 from helpers import query, scalar
 
 DIALECTS = ("psycopg2", "psycopg")
@@ -195,3 +202,38 @@ def test_unusable_sqlalchemy_handles_are_refused(engine, dsn) -> None:
     finally:
         lite.dispose()
     assert _jobs(dsn) == []
+
+
+def test_the_sqlalchemy_example(empty_dsn) -> None:
+    """examples/sqlalchemy_app.py on both dialects: a taken address rolls
+    back its user and its job; the committed jobs run inline."""
+    example = ROOT / "examples" / "sqlalchemy_app.py"
+    env = dict(os.environ, DATABASE_URL=empty_dsn)
+    signed = []
+    for driver in DIALECTS:
+        done = subprocess.run([sys.executable, str(example), "--driver", driver, f"a@{driver}",
+                               f"b@{driver}", f"a@{driver}"], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        result = json.loads(done.stdout)
+        assert [email for email, _ in result] == [f"a@{driver}", f"b@{driver}", f"a@{driver}"]
+        assert result[0][1] and result[1][1] and result[2][1] is None
+        signed += [job_id for _, job_id in result[:2]]
+    assert scalar(empty_dsn, "SELECT count(*) FROM example_users") == 4
+
+    sys.path.insert(0, str(example.parent))
+    try:
+        import sqlalchemy_app
+    finally:
+        sys.path.remove(str(example.parent))
+    engine = create_engine(sqlalchemy_url(empty_dsn, "psycopg"))
+    try:
+        with Session(engine) as session:
+            assert sorted(awa_pool.testing.drain(session)) == [(i, "completed") for i in sorted(signed)]
+            session.commit()
+        with Session(engine) as session:
+            results = [awa_pool.get_job(session, i).result for i in signed]
+    finally:
+        engine.dispose()
+    assert [r["sent_to"] for r in results] == ["a@psycopg2", "b@psycopg2", "a@psycopg", "b@psycopg"]
+    assert sqlalchemy_app.send_welcome.kind == "send_welcome"
