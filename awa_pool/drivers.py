@@ -22,7 +22,7 @@ import json
 import select
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 ACCEPTED = ("a psycopg2 or psycopg 3 connection or cursor, Django's connection, "
             "or an SQLAlchemy Connection or Session")
@@ -53,15 +53,24 @@ class Link:
         self.owner = owner
 
     @contextmanager
-    def cursor(self, loads: Loads = json.loads) -> Iterator[Any]:
-        """A fresh cursor in the caller's transaction: tuple rows, jsonb and
-        json decoded with `loads`, uuids as str. Closed on the way out."""
-        cur = _psycopg2_cursor(self.raw, loads) if self.driver == "psycopg2" else \
-            _psycopg_cursor(self.raw, loads)
+    def cursor(self, loads: Optional[Loads] = json.loads) -> Iterator[Any]:
+        """A fresh cursor in the caller's transaction (see new_cursor), closed
+        on the way out."""
+        cur = self.new_cursor(loads)
         try:
             yield cur
         finally:
             cur.close()
+
+    def new_cursor(self, loads: Optional[Loads] = json.loads) -> Any:
+        """A cursor with tuple rows; jsonb and json decoded with `loads`,
+        uuids as str and timestamptz 'infinity' as psycopg2 does. With
+        loads=None the decoders are not set up (a few microseconds, most of
+        the set-up on psycopg 3): for statements that return none of those
+        types, like the producer's inserts."""
+        if self.driver == "psycopg2":
+            return _psycopg2_cursor(self.raw, loads)
+        return _psycopg_cursor(self.raw, loads)
 
     @property
     def error(self) -> type:
@@ -101,10 +110,14 @@ class Link:
 
 
 @contextmanager
-def cursor_for(conn: Any, loads: Loads = json.loads) -> Iterator[Any]:
-    """A fresh cursor on whatever the caller passed (see adapt)."""
-    with adapt(conn).cursor(loads) as cur:
+def cursor_for(conn: Any, loads: Optional[Loads] = json.loads) -> Iterator[Any]:
+    """A fresh cursor on whatever the caller passed (see adapt and
+    Link.new_cursor), closed on the way out."""
+    cur = adapt(conn).new_cursor(loads)
+    try:
         yield cur
+    finally:
+        cur.close()
 
 
 def sqlstate(exc: BaseException) -> Optional[str]:
@@ -199,27 +212,41 @@ def _driver_module(driver: str) -> Any:
     return psycopg
 
 
-def _driver_link(obj: Any, driver: str, shown: Any, framework: Optional[str] = None,
-                 owner: Any = None) -> Link:
-    """Link for a psycopg2/psycopg connection or cursor, after checking it is usable."""
-    module = _driver_module(driver)
+# type -> True for a driver connection type, False for a cursor type whose
+# `.connection` is one: each type is checked once, then adapt() is a lookup.
+_DRIVER_TYPES: Dict[type, bool] = {}
+
+
+def _classify(obj: Any, driver: str, shown: Any) -> bool:
     if driver == "psycopg2":
         import psycopg2.extensions as ext
 
         connection_type, cursor_type = ext.connection, ext.cursor
     else:
-        connection_type, cursor_type = module.Connection, module.Cursor
-    raw = obj if isinstance(obj, connection_type) else getattr(obj, "connection", None)
-    if not isinstance(raw, connection_type):
-        if driver == "psycopg" and "Async" in type(obj).__name__:
-            raise TypeError(f"awa_pool's functions are synchronous: pass a psycopg.Connection "
-                            f"or Cursor, not {_name(obj)}")
-        raise TypeError(f"awa_pool needs {ACCEPTED}; got {_name(shown)}")
-    if driver == "psycopg2" and not isinstance(obj, (connection_type, cursor_type)):
-        raise TypeError(f"awa_pool needs {ACCEPTED}; got {_name(shown)}")
+        import psycopg
+
+        connection_type, cursor_type = psycopg.Connection, psycopg.Cursor
+    if isinstance(obj, connection_type):
+        return True
+    if isinstance(getattr(obj, "connection", None), connection_type) and \
+            (driver == "psycopg" or isinstance(obj, cursor_type)):
+        return False   # a cursor (psycopg 3 has several cursor classes)
+    if driver == "psycopg" and "Async" in type(obj).__name__:
+        raise TypeError(f"awa_pool's functions are synchronous: pass a psycopg.Connection "
+                        f"or Cursor, not {_name(obj)}")
+    raise TypeError(f"awa_pool needs {ACCEPTED}; got {_name(shown)}")
+
+
+def _driver_link(obj: Any, driver: str, shown: Any, framework: Optional[str] = None,
+                 owner: Any = None) -> Link:
+    """Link for a psycopg2/psycopg connection or cursor, after checking it is usable."""
+    is_connection = _DRIVER_TYPES.get(type(obj))
+    if is_connection is None:
+        is_connection = _DRIVER_TYPES[type(obj)] = _classify(obj, driver, shown)
+    raw = obj if is_connection else obj.connection
     if raw.closed:
         raise ValueError(f"the connection passed ({_name(shown)}) is closed")
-    status = int(raw.info.transaction_status)
+    status = raw.info.transaction_status
     if status == INERROR:
         raise ValueError(f"the transaction of the connection passed ({_name(shown)}) has already "
                          "failed (an earlier statement raised an error): roll it back first")
@@ -314,13 +341,14 @@ def _psycopg2_casters(loads: Loads) -> Tuple[Any, ...]:
             uuid_caster, ext.new_array_type((UUID_ARRAY_OID,), "AWA_UUID_ARRAY", uuid_caster))
 
 
-def _psycopg2_cursor(raw: Any, loads: Loads) -> Any:
+def _psycopg2_cursor(raw: Any, loads: Optional[Loads]) -> Any:
     import psycopg2.extensions as ext
 
     # the base class: a caller's cursor_factory (dict rows, logging) must not change our rows
     cur = raw.cursor(cursor_factory=ext.cursor)
-    for caster in _psycopg2_casters(loads):
-        ext.register_type(caster, cur)
+    if loads is not None:
+        for caster in _psycopg2_casters(loads):
+            ext.register_type(caster, cur)
     return cur
 
 
@@ -343,7 +371,7 @@ def _psycopg_timestamptz_loader() -> type:
     return InfinityTimestamptzLoader
 
 
-def _psycopg_cursor(raw: Any, loads: Loads) -> Any:
+def _psycopg_cursor(raw: Any, loads: Optional[Loads]) -> Any:
     import psycopg
     from psycopg.rows import tuple_row
     from psycopg.types.json import set_json_loads
@@ -356,7 +384,8 @@ def _psycopg_cursor(raw: Any, loads: Loads) -> Any:
     # "cached plan must not change result type" once a migration changes the
     # view, and a transaction-mode pooler loses prepared statements.
     cur = psycopg.ClientCursor(raw, row_factory=tuple_row)
-    set_json_loads(loads, cur)
-    cur.adapters.register_loader("uuid", TextLoader)
-    cur.adapters.register_loader("timestamptz", _psycopg_timestamptz_loader())
+    if loads is not None:
+        set_json_loads(loads, cur)
+        cur.adapters.register_loader("uuid", TextLoader)
+        cur.adapters.register_loader("timestamptz", _psycopg_timestamptz_loader())
     return cur

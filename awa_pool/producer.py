@@ -59,7 +59,7 @@ def enqueue(conn: Any, job: Job) -> int:
     job = _check_job(job)
     scheduled = job.run_at is not None or job.delay is not None
     statement = QUERIES["insert_job"] if scheduled else QUERIES["insert_job_now"]
-    with cursor_for(conn) as cur:
+    with cursor_for(conn, loads=None) as cur:  # ids only: no decoders
         cur.execute(statement, _single_params(job))
         return cur.fetchone()[0]
 
@@ -67,7 +67,7 @@ def enqueue(conn: Any, job: Job) -> int:
 def enqueue_many(conn: Any, jobs: Iterable[Job]) -> List[int]:
     """Insert many jobs in one round trip per 5,000; ids come back in input order."""
     checked = [_check_job(job) for job in jobs]
-    with cursor_for(conn) as cur:
+    with cursor_for(conn, loads=None) as cur:  # ids only: no decoders
         return _insert_many(cur, checked, batch_id=None)
 
 
@@ -112,7 +112,7 @@ def enqueue_batch(conn: Any, jobs: Iterable[Job], then: Optional[Job] = None) ->
     then_job = _check_job(then) if then is not None else None
     if then_job is not None and then_job.unique is not None:
         raise ValueError("a batch follow-up cannot be a unique job")
-    with cursor_for(conn) as cur:
+    with cursor_for(conn, loads=None) as cur:  # ids only: no decoders
         cur.execute(QUERIES["insert_batch"], {"total": len(members)})
         batch_id = cur.fetchone()[0]
         then_id = None
