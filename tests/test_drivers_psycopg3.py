@@ -194,7 +194,7 @@ def test_stats_periodic_admin_and_grants(pg3, dsn) -> None:
     depth = awa_pool.queue_depth(handle)
     assert depth["q1"].available == 1 and depth["q1"].scheduled == 1 and depth["q1"].total == 2
     assert awa_pool.queue_depth(handle, ["q1", "empty"])["empty"].total == 0
-    assert [o.queue for o in stats.queue_overview(handle)] == ["q1"]
+    assert [s.queue for s in stats.queue_stats(handle)] == ["q1"]
     assert stats.live_supervisors(handle) == [] and stats.kind_stats(handle) == []
     assert stats.queue_known(handle, "q1") and not stats.queue_known(handle, "zz")
 
