@@ -1,7 +1,9 @@
 """Operator statistics, one read model each: per-queue stats (counts per
 state, throughput, lag, paused), live supervisors and per-kind attempt
 figures. The data behind `queue_stats()`, `awa-pool queues`, `kinds`, `top`,
-the dashboard and the queue gauges of the Prometheus endpoint.
+the dashboard and the queue gauges of the Prometheus endpoint. Plus
+`queue_depth()`, the live counts alone (QueueStats extends its QueueDepth),
+cheap enough for an embedding program or an autoscaler to poll.
 
 Read-only, in the caller's transaction like the admin functions; no
 printing or formatting here (cli_output.py and top.py do that).
@@ -20,10 +22,8 @@ SUPERVISOR_STALE_S = 10.0   # a supervisor silent for longer is not shown as ali
 
 
 @dataclass(frozen=True)
-class QueueStats:
-    """One queue: its jobs per state (live, and terminal ones still
-    retained), whether it is paused, its lag (age of its oldest available
-    job in seconds, 0 when none) and its recent throughput."""
+class QueueDepth:
+    """A queue's live (not yet terminal) jobs, by state."""
 
     queue: str
     available: int = 0
@@ -31,6 +31,18 @@ class QueueStats:
     scheduled: int = 0
     retryable: int = 0
     waiting_external: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.available + self.running + self.scheduled + self.retryable + self.waiting_external
+
+
+@dataclass(frozen=True)
+class QueueStats(QueueDepth):
+    """One queue: its jobs per state (live, as in QueueDepth, and terminal
+    ones still retained), whether it is paused, its lag (age of its oldest
+    available job in seconds, 0 when none) and its recent throughput."""
+
     completed: int = 0
     failed: int = 0
     cancelled: int = 0
@@ -167,22 +179,6 @@ def queue_known(conn: Any, name: str) -> bool:
     with cursor_for(conn) as cur:
         cur.execute(QUERIES["queue_known"], {"name": check_name(name, "queue")})
         return bool(cur.fetchone()[0])
-
-
-@dataclass(frozen=True)
-class QueueDepth:
-    """A queue's live (not yet terminal) jobs, by state."""
-
-    queue: str
-    available: int = 0
-    running: int = 0
-    scheduled: int = 0
-    retryable: int = 0
-    waiting_external: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.available + self.running + self.scheduled + self.retryable + self.waiting_external
 
 
 def queue_depth(conn: Any, queues: Optional[Iterable[str]] = None) -> Dict[str, QueueDepth]:
