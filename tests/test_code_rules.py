@@ -94,7 +94,7 @@ def test_only_supervisor_and_child_install_signal_handlers() -> None:
 LAYERS = {
     0: {"errors", "job", "protocol", "version"},
     1: {"config", "dispatcher", "context", "execute", "tasks", "periodic"},
-    2: {"db", "sql", "migrate"},
+    2: {"db", "drivers", "sql", "migrate"},
     3: {"producer", "admin", "stats", "periodic_admin", "fetcher", "completer", "notifier", "leader",
         "maintenance", "registration", "requests", "grants"},
     4: {"child", "children", "claimer", "cancels", "session", "supervisor"},
