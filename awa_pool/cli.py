@@ -636,7 +636,7 @@ def top(interval: float = typer.Option(1.0, "--interval", "-n", min=0.1, help="S
 
     When stdout is not a terminal (or with --once), prints one frame and exits."""
     from .migrate import require_current
-    from .top import Snapshot, render, run_live
+    from .top import Snapshot, run_live, view
 
     url = resolve_url(database_url)
     conn = db.connect(url, connect_timeout=5)
@@ -647,8 +647,7 @@ def top(interval: float = typer.Option(1.0, "--interval", "-n", min=0.1, help="S
             if json_out:
                 emit_json(snapshot.as_json())
             else:
-                say("\n".join(render(snapshot, title=db.describe(url), width=1000, height=1000,
-                                     interval=interval, frame=1, color=False)))
+                say(out.to_text(view(snapshot, title=db.describe(url), interval=interval, frame=1)))
             return
         conn = run_live(url, conn, interval, stream=sys.stdout, keys=sys.stdin)
     finally:

@@ -1,16 +1,28 @@
-"""Formatting for the command line: aligned tables, human durations and
-sizes, job details, and JSON-ready values. Pure: every function returns
-text; cli.py decides where it goes.
+"""Formatting for the command line: tables, human durations and sizes, job
+details, and JSON-ready values. Pure: every function returns text (or, for
+top.py, a rich renderable); cli.py decides where it goes.
+
+Tables are rich Tables rendered by `to_text`: on a terminal, at its width
+with a bold header and coloured states (rich honours NO_COLOR); anywhere
+else, plain text as wide as its longest row, so a script reading a pipe
+gets every value whole. rich is imported inside the functions that render:
+it costs ~40 ms, which `--json` and the commands that print no table skip.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
+import io
 import json
+import shutil
+import sys
 from datetime import date, datetime, timezone
 from typing import Any, Iterable, List, Optional, Sequence
 
 ERROR_WIDTH = 60   # the last error shown in `jobs list` is cut to this many characters
+PIPE_WIDTH = 1 << 16   # off a terminal no row is wrapped or cut below this many characters
+STATE_STYLES = {"failed": "red", "completed": "green", "running": "cyan", "retryable": "yellow",
+                "waiting_external": "magenta", "cancelled": "dim", "paused": "yellow"}
 
 
 def jsonable(value: Any) -> Any:
@@ -34,24 +46,44 @@ def to_json(value: Any) -> str:
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, right: Iterable[int] = (),
-          empty: str = "(none)") -> str:
-    """Rows under headers, columns padded to their widest cell. Columns whose
-    index is in `right` (numbers) are right-aligned."""
-    cells = [[("" if cell is None else str(cell)) for cell in row] for row in rows]
-    if not cells:
-        return empty
+          empty: str = "(none)") -> Any:
+    """Rows under headers as a rich Table without borders, two spaces between
+    columns; columns whose index is in `right` (numbers) are right-aligned.
+    Cells are taken literally (no rich markup); a cell may be a (text, style)
+    pair. With no rows, the `empty` sentence instead."""
+    from rich.table import Table
+    from rich.text import Text
+
+    rows = list(rows)
+    if not rows:
+        return Text(empty)
     right_set = set(right)
-    widths = [len(h) for h in headers]
-    for row in cells:
-        for index, cell in enumerate(row):
-            widths[index] = max(widths[index], len(cell))
+    grid = Table(box=None, padding=(0, 1), pad_edge=False, show_edge=False, header_style="bold")
+    for index, header in enumerate(headers):
+        grid.add_column(header, justify="right" if index in right_set else "left", overflow="fold")
+    for row in rows:
+        grid.add_row(*(Text(*cell) if isinstance(cell, tuple) else Text("" if cell is None else str(cell))
+                       for cell in row))
+    return grid
 
-    def line(row: Sequence[str]) -> str:
-        parts = [cell.rjust(widths[i]) if i in right_set else cell.ljust(widths[i])
-                 for i, cell in enumerate(row)]
-        return "  ".join(parts).rstrip()
 
-    return "\n".join([line(list(headers))] + [line(row) for row in cells])
+def to_text(renderable: Any, *, terminal: Optional[bool] = None) -> str:
+    """A rich renderable as the text cli.py prints: styled and at the
+    terminal's width when stdout is a terminal, plain and unwrapped otherwise."""
+    from rich.console import Console
+
+    if terminal is None:
+        terminal = sys.stdout.isatty()
+    width = shutil.get_terminal_size().columns if terminal else PIPE_WIDTH
+    console = Console(file=io.StringIO(), force_terminal=terminal, width=width, highlight=False)
+    with console.capture() as captured:
+        console.print(renderable)
+    return "\n".join(line.rstrip() for line in captured.get().splitlines())
+
+
+def styled(text: str) -> Any:
+    """A state or status cell, coloured on a terminal."""
+    return (text, STATE_STYLES.get(text.split(" ")[0], ""))
 
 
 def seconds(value: Optional[float]) -> str:
@@ -127,11 +159,11 @@ def jobs_table(records: Sequence[Any]) -> str:
     for r in records:
         when = age(r.finalized_at, now) if r.finalized_at else (
             age(r.run_at, now) if r.run_at else "-")
-        rows.append([r.id, r.kind, r.queue, r.state.value + (" (dlq)" if r.dead_lettered else ""),
+        rows.append([r.id, r.kind, r.queue, styled(r.state.value + (" (dlq)" if r.dead_lettered else "")),
                      r.priority, f"{r.attempt}/{r.max_attempts}", age(r.created_at, now), when,
                      last_error(r)])
-    return table(["ID", "KIND", "QUEUE", "STATE", "PRI", "ATTEMPT", "CREATED", "RUN/DONE", "LAST ERROR"],
-                 rows, right=(0, 4, 5), empty="no jobs match")
+    return to_text(table(["ID", "KIND", "QUEUE", "STATE", "PRI", "ATTEMPT", "CREATED", "RUN/DONE", "LAST ERROR"],
+                         rows, right=(0, 4, 5), empty="no jobs match"))
 
 
 def _indented_json(value: Any, indent: str = "  ") -> List[str]:
@@ -188,9 +220,9 @@ def job_detail(record: Any) -> str:
     attempt_rows = [[a.get("attempt"), stamp(_as_datetime(a.get("started_at"))), a.get("outcome") or "",
                      seconds(a.get("wall_seconds")), seconds(a.get("cpu_seconds")),
                      size(a.get("peak_rss_bytes"))] for a in record.attempts]
-    lines += ["  " + line for line in table(
+    lines += ["  " + line for line in to_text(table(
         ["#", "STARTED", "OUTCOME", "WALL", "CPU", "PEAK RSS"], attempt_rows,
-        right=(0, 3, 4, 5), empty="(none recorded)").splitlines()]
+        right=(0, 3, 4, 5), empty="(none recorded)")).splitlines()]
 
     lines += ["", "errors:"]
     if not record.errors:
@@ -215,10 +247,10 @@ def _as_datetime(value: Any) -> Optional[datetime]:
 
 
 def queues_table(overviews: Sequence[Any]) -> str:
-    rows = [[q.queue, "paused" if q.paused else "", q.available, q.running, q.scheduled, q.retryable,
+    rows = [[q.queue, styled("paused" if q.paused else ""), q.available, q.running, q.scheduled, q.retryable,
              q.waiting_external, q.failed, rate(q.jobs_per_s), seconds(q.lag_seconds)] for q in overviews]
-    return table(["QUEUE", "PAUSED", "AVAILABLE", "RUNNING", "SCHEDULED", "RETRYABLE", "WAITING",
-                  "FAILED", "JOBS/S (1m)", "LAG"], rows, right=range(2, 10), empty="no queues yet")
+    return to_text(table(["QUEUE", "PAUSED", "AVAILABLE", "RUNNING", "SCHEDULED", "RETRYABLE", "WAITING",
+                          "FAILED", "JOBS/S (1m)", "LAG"], rows, right=range(2, 10), empty="no queues yet"))
 
 
 def queue_json(overview: Any) -> dict:
@@ -232,27 +264,28 @@ def kinds_table(kinds: Sequence[Any]) -> str:
              f"{seconds(k.wall_p50)} / {seconds(k.wall_p95)}",
              f"{seconds(k.cpu_p50)} / {seconds(k.cpu_p95)}",
              f"{size(k.rss_p50)} / {size(k.rss_p95)}", size(k.rss_max)] for k in kinds]
-    return table(["KIND", "RUNS", "OK", "FAILURES", "CRASHES", "TIMEOUTS", "WALL p50/p95",
-                  "CPU p50/p95", "PEAK RSS p50/p95", "RSS MAX"], rows, right=range(1, 10),
-                 empty="no attempts on record")
+    return to_text(table(["KIND", "RUNS", "OK", "FAILURES", "CRASHES", "TIMEOUTS", "WALL p50/p95",
+                          "CPU p50/p95", "PEAK RSS p50/p95", "RSS MAX"], rows, right=range(1, 10),
+                         empty="no attempts on record"))
 
 
 def schedules_table(schedules: Sequence[Any]) -> str:
     now = datetime.now(timezone.utc)
     rows = []
     for s in schedules:
-        next_fire = "paused" if s.paused else (
+        next_fire = styled("paused") if s.paused else (
             f"{stamp(s.next_fire_at)} ({age(s.next_fire_at, now)})" if s.next_fire_at else (s.error or "-"))
         rows.append([s.name, s.expression, s.timezone, s.kind, s.queue, s.missed_fire_policy,
                      age(s.last_fire_at, now) if s.last_fire_at and s.last_job_id else "never", next_fire,
                      s.last_job_id or ""])
-    return table(["NAME", "SCHEDULE", "TZ", "KIND", "QUEUE", "MISSED", "LAST FIRE", "NEXT FIRE", "LAST JOB"],
-                 rows, empty="no periodic jobs registered (they are registered when a pool starts)")
+    return to_text(table(["NAME", "SCHEDULE", "TZ", "KIND", "QUEUE", "MISSED", "LAST FIRE", "NEXT FIRE",
+                          "LAST JOB"], rows,
+                         empty="no periodic jobs registered (they are registered when a pool starts)"))
 
 
 def dlq_table(records: Sequence[Any]) -> str:
     now = datetime.now(timezone.utc)
     rows = [[r.id, r.kind, r.queue, f"{r.attempt}/{r.max_attempts}", age(r.finalized_at, now), last_error(r)]
             for r in records]
-    return table(["ID", "KIND", "QUEUE", "ATTEMPTS", "FAILED", "LAST ERROR"], rows, right=(0, 3),
-                 empty="the dead-letter queue is empty")
+    return to_text(table(["ID", "KIND", "QUEUE", "ATTEMPTS", "FAILED", "LAST ERROR"], rows, right=(0, 3),
+                         empty="the dead-letter queue is empty"))

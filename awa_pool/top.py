@@ -2,15 +2,15 @@
 throughput.
 
 `Snapshot.collect` reads queues and live supervisors in one short
-transaction; `render` turns a snapshot into lines that fit the terminal;
-`run_live` redraws them on the stream cli.py hands it (plain ANSI, no
-curses), until `q` or Ctrl-C. It never prints or exits on its own.
+transaction (the data); `view` turns a snapshot into a rich renderable (the
+rendering); `run_live` redraws it with rich's Live on the alternate screen
+of the terminal cli.py hands it, until `q` or Ctrl-C. It never prints or
+exits on its own. rich is imported only when a frame is drawn.
 """
 from __future__ import annotations
 
 import os
 import select
-import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -18,18 +18,10 @@ from typing import Any, Dict, List, Optional
 
 import psycopg2
 
-from .cli_output import rate, seconds, size, table
+from .cli_output import jsonable, queue_json, rate, seconds, size, styled, table
 from .db import connect, describe, first_line
 from .errors import AwaError
 from .stats import QueueStats, SupervisorInfo, live_supervisors, queue_stats
-
-# ANSI sequences: alternate screen, cursor, home, clear to end of line/screen.
-ENTER_SCREEN = "\x1b[?1049h\x1b[?25l"
-LEAVE_SCREEN = "\x1b[?25h\x1b[?1049l"
-HOME = "\x1b[H"
-CLEAR_EOL = "\x1b[K"
-CLEAR_BELOW = "\x1b[J"
-BOLD, DIM, RESET = "\x1b[1m", "\x1b[2m", "\x1b[0m"
 
 
 @dataclass
@@ -55,8 +47,6 @@ class Snapshot:
         return cls(datetime.now(timezone.utc), error=error)
 
     def as_json(self) -> Dict[str, Any]:
-        from .cli_output import jsonable, queue_json
-
         busy = sum(s.busy for s in self.supervisors)
         children = sum(s.children for s in self.supervisors)
         return {
@@ -77,16 +67,16 @@ def _bar(busy: int, total: int, width: int = 10) -> str:
     return "[" + "#" * filled + "." * (width - filled) + "]"
 
 
-def render(snapshot: Snapshot, *, title: str, width: int = 100, height: int = 40,
-           interval: float = 1.0, frame: int = 0, color: bool = True) -> List[str]:
-    """The lines of one frame, cut to width x height."""
-    bold = (lambda text: f"{BOLD}{text}{RESET}") if color else (lambda text: text)
+def view(snapshot: Snapshot, *, title: str, interval: float = 1.0, frame: int = 0) -> Any:
+    """One frame: a header, the queues table and the supervisors table."""
+    from rich.console import Group
+    from rich.text import Text
+
     clock = snapshot.taken_at.astimezone().strftime("%H:%M:%S")
-    lines = [bold(f"awa-pool top  {title}") + f"  {clock}  (every {interval:g}s, frame {frame}; "
-             "q or Ctrl-C quits)"]
+    header = Text.assemble((f"awa-pool top  {title}", "bold"),
+                           f"  {clock}  (every {interval:g}s, frame {frame}; q or Ctrl-C quits)")
     if snapshot.error:
-        lines += ["", f"database unreachable: {snapshot.error} (retrying)"]
-        return _fit(lines, width, height)
+        return Group(header, "", Text(f"database unreachable: {snapshot.error} (retrying)", style="red"))
 
     sups = snapshot.supervisors
     children = sum(s.children for s in sups)
@@ -95,87 +85,40 @@ def render(snapshot: Snapshot, *, title: str, width: int = 100, height: int = 40
     total_10s = sum(q.jobs_per_s_10s for q in snapshot.queues)
     total_60s = sum(q.jobs_per_s for q in snapshot.queues)
     waiting = sum(q.available for q in snapshot.queues)
-    lines.append(f"children {busy} busy / {idle} idle of {children} {_bar(busy, children, 20)}   "
-                 f"throughput {rate(total_10s)} jobs/s (10s), {rate(total_60s)} jobs/s (1m)   "
-                 f"available {waiting}")
-    lines.append("")
-    lines.append(bold("QUEUES"))
-    queue_rows = [[q.queue, "paused" if q.paused else "", q.available, q.running, q.scheduled,
+    summary = Text(f"children {busy} busy / {idle} idle of {children} {_bar(busy, children, 20)}   "
+                   f"throughput {rate(total_10s)} jobs/s (10s), {rate(total_60s)} jobs/s (1m)   "
+                   f"available {waiting}")
+    queue_rows = [[q.queue, styled("paused" if q.paused else ""), q.available, q.running, q.scheduled,
                    q.retryable, q.waiting_external, q.failed, rate(q.jobs_per_s_10s), rate(q.jobs_per_s),
                    seconds(q.lag_seconds)] for q in snapshot.queues]
-    lines += table(["QUEUE", "PAUSED", "AVAIL", "RUNNING", "SCHED", "RETRY", "WAITING", "FAILED",
-                    "JOBS/S 10s", "JOBS/S 1m", "LAG"], queue_rows, right=range(2, 11),
-                   empty="(no queues yet)").splitlines()
-    lines.append("")
-    lines.append(bold(f"SUPERVISORS ({len(sups)} alive)"))
-    sup_rows = []
-    for s in sups:
-        sup_rows.append([s.id, s.hostname, s.pid, "leader" if s.is_leader else "", s.state,
-                         f"{s.busy}/{s.children} {_bar(s.busy, s.children)}", s.idle,
-                         s.counter("completed"), s.counter("failed", "fatal", "retry"),
-                         s.counter("crash"), s.counter("timeout"), s.counter("recycled"),
-                         size(s.rss_bytes) if s.rss_bytes else "-", seconds(s.heartbeat_age_s)])
-    lines += table(["ID", "HOST", "PID", "ROLE", "STATE", "BUSY", "IDLE", "DONE", "FAILED", "CRASHED",
-                    "TIMEOUTS", "RECYCLED", "RSS", "HEARTBEAT"], sup_rows, right=(0, 2, 6, 7, 8, 9, 10, 11),
-                   empty="(no live supervisor: start one with awa-pool start)").splitlines()
-    return _fit(lines, width, height)
-
-
-def _fit(lines: List[str], width: int, height: int) -> List[str]:
-    out = []
-    for line in lines[:max(1, height - 1)]:
-        visible = _visible_length(line)
-        if visible > width:
-            line = _cut(line, width)
-        out.append(line)
-    return out
-
-
-def _visible_length(line: str) -> int:
-    length, escape = 0, False
-    for char in line:
-        if char == "\x1b":
-            escape = True
-        elif escape:
-            if char.isalpha():
-                escape = False
-        else:
-            length += 1
-    return length
-
-
-def _cut(line: str, width: int) -> str:
-    out, length, escape = [], 0, False
-    for char in line:
-        if char == "\x1b":
-            escape = True
-        if escape:
-            out.append(char)
-            if char.isalpha():
-                escape = False
-            continue
-        if length >= width:
-            continue
-        out.append(char)
-        length += 1
-    return "".join(out) + (RESET if "\x1b" in line else "")
-
-
-def frame_text(lines: List[str]) -> str:
-    """A whole redraw: home, each line cleared to its end, the rest cleared."""
-    return HOME + "".join(line + CLEAR_EOL + "\r\n" for line in lines) + CLEAR_BELOW
+    queues = table(["QUEUE", "PAUSED", "AVAIL", "RUNNING", "SCHED", "RETRY", "WAITING", "FAILED",
+                    "JOBS/S 10s", "JOBS/S 1m", "LAG"], queue_rows, right=range(2, 11), empty="(no queues yet)")
+    sup_rows = [[s.id, s.hostname, s.pid, ("leader", "bold") if s.is_leader else "", styled(s.state),
+                 f"{s.busy}/{s.children} {_bar(s.busy, s.children)}", s.idle,
+                 s.counter("completed"), s.counter("failed", "fatal", "retry"),
+                 s.counter("crash"), s.counter("timeout"), s.counter("recycled"),
+                 size(s.rss_bytes) if s.rss_bytes else "-", seconds(s.heartbeat_age_s)] for s in sups]
+    supervisors = table(["ID", "HOST", "PID", "ROLE", "STATE", "BUSY", "IDLE", "DONE", "FAILED", "CRASHED",
+                         "TIMEOUTS", "RECYCLED", "RSS", "HEARTBEAT"], sup_rows, right=(0, 2, 6, 7, 8, 9, 10, 11),
+                        empty="(no live supervisor: start one with awa-pool start)")
+    return Group(header, summary, "", Text("QUEUES", style="bold"), queues, "",
+                 Text(f"SUPERVISORS ({len(sups)} alive)", style="bold"), supervisors)
 
 
 def run_live(url: str, conn: Any, interval: float, *, stream: Any, keys: Any) -> Any:
     """Redraw every `interval` seconds on `stream` (a terminal) until q is
-    read from `keys` or Ctrl-C; restores the screen either way. A lost
-    database shows in the frame and is retried, never fatal. Returns the
-    connection still open (or None)."""
+    read from `keys` or Ctrl-C; rich's Live restores the screen either way.
+    A lost database shows in the frame and is retried, never fatal. Returns
+    the connection still open (or None)."""
+    from rich.console import Console
+    from rich.live import Live
+
     title = describe(url)
-    stream.write(ENTER_SCREEN)
+    console = Console(file=stream, highlight=False)
     frame = 0
     try:
-        with Keys(keys) as reader:
+        with Keys(keys) as reader, Live(console=console, screen=True, auto_refresh=False,
+                                        redirect_stdout=False, redirect_stderr=False) as live:
             while True:
                 frame += 1
                 try:
@@ -187,17 +130,11 @@ def run_live(url: str, conn: Any, interval: float, *, stream: Any, keys: Any) ->
                         conn.close()
                     conn = None
                     snapshot = Snapshot.failed(first_line(exc))
-                width, height = shutil.get_terminal_size((100, 40))
-                stream.write(frame_text(render(snapshot, title=title, width=width, height=height,
-                                               interval=interval, frame=frame)))
-                stream.flush()
+                live.update(view(snapshot, title=title, interval=interval, frame=frame), refresh=True)
                 if reader.quit_within(interval):
                     break
     except KeyboardInterrupt:
         pass  # Ctrl-C is the normal way out
-    finally:
-        stream.write(LEAVE_SCREEN)
-        stream.flush()
     return conn
 
 

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
@@ -68,3 +68,32 @@ def url_with_password(dsn: str) -> "tuple[str, str]":
     url = urlunsplit((parts.scheme, f"{user}:{secret}@{host}", parts.path, parts.query, parts.fragment))
     psycopg2.connect(url).close()
     return url, secret
+
+
+def parse_table(text: str, right: Iterable[str] = ()) -> Tuple[List[str], List[List[str]]]:
+    """(headers, rows) of a table as the CLI prints it off a terminal, after
+    checking that it is plain and aligned: columns are separated by at least
+    two spaces on every line, and each header and cell starts at its
+    column's left edge (ends at its right edge for the headers in `right`)."""
+    assert "\x1b" not in text, f"escape codes in piped output:\n{text!r}"
+    lines = text.splitlines()
+    width = max(len(line) for line in lines)
+    padded = [line.ljust(width + 1) for line in lines]
+    used = [any(line[i] != " " for line in padded) for i in range(width)] + [False, False]
+    spans, i = [], 0
+    while i < width:
+        if not used[i]:
+            i += 1
+            continue
+        start = i
+        while used[i] or used[i + 1]:  # a single space stays inside a cell ("3s ago")
+            i += 1
+        spans.append((start, i))
+    headers = [padded[0][a:b].strip() for a, b in spans]
+    right_set = set(right)
+    for line in padded:
+        for header, (a, b) in zip(headers, spans):
+            cell = line[a:b]
+            edge = cell[-1] if header in right_set else cell[0]
+            assert not cell.strip() or edge != " ", f"column {header!r} misaligned in {line!r}"
+    return headers, [[line[a:b].strip() for a, b in spans] for line in padded[1:]]

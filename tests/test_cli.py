@@ -14,8 +14,14 @@ import pytest
 import awa_pool
 from awa_pool.periodic import make_schedule
 from awa_pool.periodic_admin import register_schedules
-from cli_run import ROOT, assert_one_error_line, cli, cli_env, ok, url_with_password
+from cli_run import ROOT, assert_one_error_line, cli, cli_env, ok, parse_table, url_with_password
 from helpers import query, scalar, wait_for
+from terminal import Terminal
+
+JOBS_RIGHT = ("ID", "PRI", "ATTEMPT")  # right-aligned (numbers)
+QUEUES_RIGHT = ("AVAILABLE", "RUNNING", "SCHEDULED", "RETRYABLE", "WAITING", "FAILED", "JOBS/S (1m)", "LAG")
+KINDS_RIGHT = ("RUNS", "OK", "FAILURES", "CRASHES", "TIMEOUTS", "WALL p50/p95", "CPU p50/p95", "PEAK RSS p50/p95",
+               "RSS MAX")
 
 
 def enqueue(dsn: str, *args: str) -> int:
@@ -67,11 +73,11 @@ def test_enqueue_list_and_show(dsn: str) -> None:
                           "--database-url", dsn))["id"]
     assert later > first
 
-    table = ok("jobs", "list", "--database-url", dsn)
-    header, *rows = table.splitlines()
-    assert header.split()[:4] == ["ID", "KIND", "QUEUE", "STATE"]
-    assert rows[0].split()[:4] == [str(later), "report", "default", "scheduled"]  # newest first
-    assert rows[1].split()[:4] == [str(first), "send_email", "mail", "available"]
+    header, rows = parse_table(ok("jobs", "list", "--database-url", dsn), right=JOBS_RIGHT)
+    assert header == ["ID", "KIND", "QUEUE", "STATE", "PRI", "ATTEMPT", "CREATED", "RUN/DONE", "LAST ERROR"]
+    assert rows[0][:6] == [str(later), "report", "default", "scheduled", "2", "0/25"]  # newest first
+    assert rows[0][7].startswith("in 59m")  # runs in an hour
+    assert rows[1][:6] == [str(first), "send_email", "mail", "available", "1", "0/3"]
 
     listed = json.loads(ok("jobs", "list", "--json", "--database-url", dsn))
     assert [job["id"] for job in listed] == [later, first]
@@ -187,10 +193,10 @@ def test_queues_counts_pause_and_resume(dsn: str) -> None:
     for _ in range(3):
         enqueue(dsn, "a_job", "--queue", "alpha")
     enqueue(dsn, "b_job", "--queue", "beta", "--delay", "1h")
-    table = ok("queues", "--database-url", dsn).splitlines()
-    assert table[0].split()[:6] == ["QUEUE", "PAUSED", "AVAILABLE", "RUNNING", "SCHEDULED", "RETRYABLE"]
-    alpha = next(line for line in table if line.startswith("alpha"))
-    assert alpha.split()[1:4] == ["3", "0", "0"]
+    header, rows = parse_table(ok("queues", "--database-url", dsn), right=QUEUES_RIGHT)
+    assert header == ["QUEUE", "PAUSED", "AVAILABLE", "RUNNING", "SCHEDULED", "RETRYABLE", "WAITING", "FAILED",
+                      "JOBS/S (1m)", "LAG"]
+    assert [row[:5] for row in rows] == [["alpha", "", "3", "0", "0"], ["beta", "", "0", "0", "1"]]
 
     stats = {q["queue"]: q for q in json.loads(ok("queues", "--json", "--database-url", dsn))}
     assert stats["alpha"]["available"] == 3 and stats["beta"]["scheduled"] == 1
@@ -199,7 +205,7 @@ def test_queues_counts_pause_and_resume(dsn: str) -> None:
 
     assert "paused" in ok("queues", "pause", "alpha", "--database-url", dsn)
     assert json.loads(ok("queues", "--json", "--database-url", dsn))[0]["paused"] is True
-    assert "paused" in ok("queues", "--database-url", dsn).splitlines()[1]
+    assert parse_table(ok("queues", "--database-url", dsn), right=QUEUES_RIGHT)[1][0][:2] == ["alpha", "paused"]
     # the group's own --database-url reaches its subcommands
     assert "resumed" in ok("queues", "--database-url", dsn, "resume", "alpha")
     assert json.loads(ok("queues", "--json", "--database-url", dsn))[0]["paused"] is False
@@ -209,6 +215,46 @@ def test_queues_counts_pause_and_resume(dsn: str) -> None:
                           "unknown queue 'alpah'", "known: alpha, beta", "--force")
     assert "paused" in ok("queues", "pause", "future", "--force", "--database-url", dsn)
     assert "future" in ok("queues", "--database-url", dsn)
+
+
+def test_tables_piped_are_plain_aligned_and_whole(dsn: str) -> None:
+    """Off a terminal a table is plain text as wide as its longest row, whatever
+    COLUMNS says: a script reading `jobs list` through a pipe gets every id
+    and every name whole, on one line per job."""
+    long_kind = "report_" + "x" * 193  # the longest name a kind may have (200)
+    long_queue = "tenant_" + "y" * 93
+    ids = [enqueue(dsn, long_kind, "--queue", long_queue)] + [enqueue(dsn, "short") for _ in range(11)]
+    piped = cli("jobs", "list", "--database-url", dsn, env={"COLUMNS": "40"})
+    assert piped.returncode == 0, piped.stderr
+    header, rows = parse_table(piped.stdout, right=JOBS_RIGHT)
+    assert len(rows) == 12 and [int(row[0]) for row in rows] == sorted(ids, reverse=True)
+    assert rows[-1][1:4] == [long_kind, long_queue, "available"]
+    assert all(row[1:3] == ["short", "default"] for row in rows[:-1])
+    assert max(len(line) for line in piped.stdout.splitlines()) > 300
+
+    header, rows = parse_table(ok("queues", "--database-url", dsn, env={"COLUMNS": "40"}), right=QUEUES_RIGHT)
+    assert {row[0]: row[2] for row in rows} == {"default": "11", long_queue: "1"}
+    assert ok("jobs", "list", "--kind", "nothing", "--database-url", dsn) == "no jobs match\n"
+
+
+def test_tables_on_a_terminal_are_coloured_unless_no_color(dsn: str) -> None:
+    enqueue(dsn, "noop", "--queue", "held")
+    ok("queues", "pause", "held", "--database-url", dsn)
+    with Terminal("queues", "--database-url", dsn) as term:
+        assert term.wait() == 0
+        assert b"\x1b[1mQUEUE" in term.output and "33" in term.colours()  # bold header, paused in yellow
+        assert parse_table(term.text(), right=QUEUES_RIGHT)[1][0][:3] == ["held", "paused", "1"]
+    with Terminal("queues", "--database-url", dsn, env={"NO_COLOR": "1"}) as term:
+        assert term.wait() == 0
+        assert term.colours() == [] and parse_table(term.text(), right=QUEUES_RIGHT)[1][0][1] == "paused"
+    # a narrow terminal folds a long value inside its column instead of cutting it
+    long_kind = "k" * 150
+    enqueue(dsn, long_kind)
+    with Terminal("jobs", "list", "--database-url", dsn, cols=80) as term:
+        assert term.wait() == 0
+        lines = term.text().splitlines()
+        assert max(len(line) for line in lines) <= 80
+        assert "".join(line[4:].split(" ")[0] for line in lines if line[4:5] == "k") == long_kind
 
 
 def test_queues_throughput_and_top_once(pools, dsn: str) -> None:
@@ -239,8 +285,10 @@ def test_dlq_list_retry_and_purge(pools, dsn: str) -> None:
     listed = json.loads(ok("dlq", "list", "--json", "--database-url", dsn))
     assert sorted(job["id"] for job in listed) == [first, second, third]
     assert all(job["dead_lettered"] and job["state"] == "failed" for job in listed)
-    table = ok("dlq", "list", "--queue", "other", "--database-url", dsn)
-    assert table.splitlines()[0].split()[:3] == ["ID", "KIND", "QUEUE"] and len(table.splitlines()) == 3
+    header, rows = parse_table(ok("dlq", "list", "--queue", "other", "--database-url", dsn), right=("ID", "ATTEMPTS"))
+    assert header == ["ID", "KIND", "QUEUE", "ATTEMPTS", "FAILED", "LAST ERROR"]
+    assert sorted(row[0] for row in rows) == sorted([str(second), str(third)])
+    assert all(row[1:4] == ["fail", "other", "1/1"] and row[5] for row in rows)
 
     assert_one_error_line(cli("dlq", "purge", "--database-url", dsn), "--all")
     assert_one_error_line(cli("dlq", "retry", "--database-url", dsn), "--all")
@@ -265,10 +313,10 @@ def test_cron_list_pause_resume_trigger(dsn: str) -> None:
         conn.commit()
     finally:
         conn.close()
-    table = ok("cron", "list", "--database-url", dsn).splitlines()
-    assert table[0].split()[:3] == ["NAME", "SCHEDULE", "TZ"]
-    nightly = next(line for line in table if line.startswith("nightly"))
-    assert "0 2 * * *" in nightly and "Europe/Paris" in nightly and "build_report" in nightly and "never" in nightly
+    header, rows = parse_table(ok("cron", "list", "--database-url", dsn))
+    assert header == ["NAME", "SCHEDULE", "TZ", "KIND", "QUEUE", "MISSED", "LAST FIRE", "NEXT FIRE", "LAST JOB"]
+    nightly = next(row for row in rows if row[0] == "nightly")
+    assert nightly[1:5] == ["0 2 * * *", "Europe/Paris", "build_report", "reports"] and nightly[6] == "never"
 
     assert "paused" in ok("cron", "pause", "nightly", "--database-url", dsn)
     listed = {s["name"]: s for s in json.loads(ok("cron", "list", "--json", "--database-url", dsn))}
@@ -302,9 +350,12 @@ def test_kinds_figures(pools, dsn: str) -> None:
     assert kinds["retry_then_ok"]["runs"] == 2 and kinds["retry_then_ok"]["failures"] == 1 \
         and kinds["retry_then_ok"]["completed"] == 1
 
-    table = ok("kinds", "--database-url", dsn).splitlines()
-    assert table[0].split()[:6] == ["KIND", "RUNS", "OK", "FAILURES", "CRASHES", "TIMEOUTS"]
-    assert next(line for line in table if line.startswith("self_kill")).split()[1:6] == ["1", "0", "0", "1", "0"]
+    header, rows = parse_table(ok("kinds", "--database-url", dsn), right=KINDS_RIGHT)
+    assert header == ["KIND", "RUNS", "OK", "FAILURES", "CRASHES", "TIMEOUTS", "WALL p50/p95", "CPU p50/p95",
+                      "PEAK RSS p50/p95", "RSS MAX"]
+    assert next(row for row in rows if row[0] == "self_kill")[1:6] == ["1", "0", "0", "1", "0"]
+    assert next(row for row in rows if row[0] == "slow")[6] == "- / -"  # a killed attempt has no figures
+    assert next(row for row in rows if row[0] == "add")[9].endswith("MB")
     assert [k["kind"] for k in json.loads(ok("kinds", "--kind", "add", "--json", "--database-url", dsn))] == ["add"]
     assert json.loads(ok("kinds", "--since", "1h", "--json", "--database-url", dsn))
     assert "no attempts" in ok("kinds", "--kind", "never_ran", "--database-url", dsn)

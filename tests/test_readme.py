@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from cli_run import ROOT, URL_VARS
+from cli_run import ROOT, URL_VARS, parse_table
 
 RUN_COMMAND = "pip install -e '.[embedded]' && python examples/quickstart.py"
 TEST_COMMAND = "pip install -e '.[test]' && pytest -n auto"
@@ -33,6 +33,18 @@ def test_readme_shows_exactly_the_two_commands() -> None:
         assert f"({link})" in README, link
         if not link.endswith("benchmarks.md"):  # produced separately, by the benchmark work
             assert (ROOT / link).exists(), link
+
+
+def test_readme_kinds_table_is_what_the_cli_prints() -> None:
+    """The `awa-pool kinds` example is aligned as the CLI aligns it: the same
+    rows rendered by cli_output give the README's text back exactly."""
+    from awa_pool.cli_output import table, to_text
+
+    shown = README.split("`awa-pool kinds` printed")[1].split("```\n")[1].rstrip("\n")
+    names = re.split(r"\s{2,}", shown.splitlines()[0].strip())
+    headers, rows = parse_table(shown, right=names[1:])  # every column but KIND holds figures
+    assert headers == names and headers[:2] == ["KIND", "RUNS"] and len(rows) == 3
+    assert to_text(table(headers, rows, right=range(1, len(headers))), terminal=False) == shown
 
 
 @pytest.mark.embedded_smoke
