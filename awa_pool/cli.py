@@ -1,4 +1,8 @@
-"""The awa-pool command line (typer). The only module that prints or exits.
+"""The awa-pool command line (typer): the entry point, and the commands that
+run, feed and check the queue (start, migrate, health, enqueue, kinds, top,
+grant). The job, queue, dead-letter and cron commands are in cli_jobs.py
+and cli_queues.py; with cli_common.py these are the only modules that print
+or exit.
 
 User mistakes (bad URL, unreachable database, bad JSON, unknown queue, job
 or periodic job...) end with one line on stderr starting with "error: " and
@@ -8,19 +12,21 @@ and admin.py.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 import time
-from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import psycopg2
 import typer
 
 from . import cli_output as out
-from . import db, embedded
+from . import db
+from .cli_common import (DB_URL, JSON_OUT, UserError, connection, duration, emit_json, parse_json_object,
+                         resolve_url, say)
+from .cli_jobs import dlq_app, jobs_app
+from .cli_queues import cron_app, queues_app
 from .config import PoolConfig
 from .errors import AwaError
 from .version import __version__
@@ -37,71 +43,15 @@ ENQUEUE_CHUNK = 1000   # jobs per enqueue_many call in bulk mode (one progress s
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="awa_pool: a Postgres job queue with a pre-fork worker pool.")
-jobs_app = typer.Typer(no_args_is_help=True, help="Inspect and operate on jobs.")
-queues_app = typer.Typer(help="Per-queue counts, throughput and lag; pause and resume.")
-dlq_app = typer.Typer(no_args_is_help=True, help="The dead-letter queue (queues started with the dlq option).")
-cron_app = typer.Typer(no_args_is_help=True, help="Periodic jobs (registered when a pool starts).")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(queues_app, name="queues")
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(cron_app, name="cron")
 
-DB_URL = typer.Option(None, "--database-url", envvar=None, metavar="URL",
-                      help="Postgres URL (default: $AWA_DATABASE_URL, $DATABASE_URL, "
-                           "else the embedded server).")
-JSON_OUT = typer.Option(False, "--json", help="Machine-readable JSON output.")
-
-
-class UserError(Exception):
-    """A mistake the user can fix; printed as one line."""
-
-
-def say(message: str) -> None:
-    typer.echo(message)
-
-
-def note(message: str) -> None:
-    typer.echo(message, err=True)
-
-
-def emit_json(value: Any) -> None:
-    typer.echo(out.to_json(value))
-
-
-def resolve_url(database_url: Optional[str]) -> str:
-    """The configured URL, or the embedded server's (announced in one line)."""
-    url = db.configured_url(database_url)
-    if url:
-        return db.check_url(url)
-    url = embedded.start()
-    note(f"using the embedded Postgres (data in {embedded.default_data_dir()})")
-    return url
-
-
-@contextmanager
-def connection(database_url: Optional[str], *, autocommit: bool = False,
-               require_schema: bool = True) -> Iterator[Any]:
-    from .migrate import require_current
-
-    conn = db.connect(resolve_url(database_url), autocommit=autocommit, connect_timeout=5)
-    try:
-        if require_schema:
-            require_current(conn)
-        yield conn
-    finally:
-        conn.close()
-
-
 def _version_callback(value: bool) -> None:
     if value:
         say(f"awa-pool {__version__}")
         raise typer.Exit()
-
-
-def _duration(value: Optional[str], what: str) -> Optional[float]:
-    from .config import parse_duration
-
-    return None if value is None else parse_duration(value, what=what)
 
 
 @app.callback()
@@ -251,7 +201,7 @@ def enqueue(kind: Optional[str] = typer.Argument(None, help="The job kind (omit 
         raise UserError("--args goes with KIND; in --file mode each line carries its own args")
     defaults: Dict[str, Any] = {key: value for key, value in (
         ("queue", queue), ("priority", priority), ("max_attempts", max_attempts),
-        ("delay", _duration(delay, "--delay")), ("timeout", _duration(timeout, "--timeout")),
+        ("delay", duration(delay, "--delay")), ("timeout", duration(timeout, "--timeout")),
         ("tags", tag or None)) if value is not None}
     if app_module:
         import_app(app_module)
@@ -296,315 +246,6 @@ def _enqueue_file(file: str, defaults: Dict[str, Any], database_url: Optional[st
             f"(ids {min(ids)}..{max(ids)})")
 
 
-def parse_json_object(text: str, what: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{what} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    if not isinstance(value, dict):
-        raise UserError(f"{what} must be a JSON object like '{{\"key\": 1}}', got {type(value).__name__}")
-    return value
-
-
-# -- jobs ----------------------------------------------------------------------------
-
-@jobs_app.command("list")
-def jobs_list(state: Optional[str] = typer.Option(None, "--state", "-s", help="Only jobs in this state."),
-              queue: Optional[str] = typer.Option(None, "--queue", "-q"),
-              kind: Optional[str] = typer.Option(None, "--kind", "-k"),
-              older_than: Optional[str] = typer.Option(None, "--older-than", help="Created before this long "
-                                                                                 "ago (30m, 2h, 7d)."),
-              newer_than: Optional[str] = typer.Option(None, "--newer-than", help="Created within this long."),
-              limit: int = typer.Option(100, "--limit", "-n", min=1),
-              database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
-    """List jobs, newest first."""
-    from .admin import list_jobs
-
-    older = _duration(older_than, "--older-than")
-    newer = _duration(newer_than, "--newer-than")
-    with connection(database_url) as conn:
-        records = list_jobs(conn, state=state, queue=queue, kind=kind, limit=limit,
-                            older_than=older, newer_than=newer)
-    if json_out:
-        emit_json(records)
-    else:
-        say(out.jobs_table(records))
-
-
-@jobs_app.command("show")
-def jobs_show(job_id: int = typer.Argument(..., metavar="ID"),
-              database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
-    """Everything about one job: args, state, attempts with wall/CPU/RSS, errors, progress, result."""
-    from .admin import get_job
-
-    with connection(database_url) as conn:
-        record = get_job(conn, job_id)
-    if record is None:
-        raise UserError(f"no job with id {job_id}")
-    if json_out:
-        emit_json(record)
-    else:
-        say(out.job_detail(record))
-
-
-@jobs_app.command("retry")
-def jobs_retry(job_ids: List[int] = typer.Argument(..., metavar="ID..."),
-               database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
-    """Run failed, cancelled, scheduled or retryable jobs again now."""
-    from .admin import retry_job
-
-    _act_on_jobs(job_ids, retry_job, {"scheduled", "retryable", "failed", "cancelled"},
-                 {"available", "scheduled"}, ("retry", "retried"), database_url, json_out)
-
-
-@jobs_app.command("cancel")
-def jobs_cancel(job_ids: List[int] = typer.Argument(..., metavar="ID..."),
-                reason: str = typer.Option("cancelled by an operator", "--reason"),
-                database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
-    """Cancel jobs that have not finished (a running one is told, then its child killed)."""
-    from .admin import cancel_job
-
-    _act_on_jobs(job_ids, lambda conn, job_id: cancel_job(conn, job_id, reason),
-                 {"scheduled", "available", "running", "retryable", "waiting_external"},
-                 {"cancelled"}, ("cancel", "cancelled"), database_url, json_out)
-
-
-def _act_on_jobs(job_ids: List[int], action: Any, applies_to: set, results_in: set,
-                 verbs: Tuple[str, str], database_url: Optional[str], json_out: bool) -> None:
-    """Apply a retry/cancel to each job in one transaction; report jobs that
-    are unknown or in a state the action does not apply to as one error.
-    A job counts as changed when it was in `applies_to` before and is in
-    `results_in` after (a job that finished in between is reported)."""
-    from .admin import get_job
-
-    verb, done = verbs
-    results, refused = [], []
-    with connection(database_url) as conn:
-        for job_id in job_ids:
-            record = get_job(conn, job_id)
-            if record is None:
-                refused.append(f"no job with id {job_id}")
-                results.append({"id": job_id, "state": None, "changed": False})
-                continue
-            before = record.state.value
-            after = action(conn, job_id)
-            now = after.value if after is not None else before
-            changed = before in applies_to and now in results_in
-            results.append({"id": job_id, "state": now, "changed": changed, "previous_state": before})
-            if not changed:
-                refused.append(f"job {job_id} is {now}: nothing to {verb}")
-        conn.commit()
-    if json_out:
-        emit_json(results)
-    else:
-        for entry in results:
-            if entry["changed"]:
-                say(f"job {entry['id']} {done} (now {entry['state']})")
-    if refused:
-        summary = refused[0] if len(refused) == 1 else \
-            f"{len(refused)} of {len(job_ids)} job(s) not {done}: " + "; ".join(refused)
-        raise UserError(summary)
-
-
-# -- queues --------------------------------------------------------------------------
-
-@queues_app.callback(invoke_without_command=True)
-def queues(ctx: typer.Context, database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
-    """Per-queue counts, jobs/s over the last minute and lag (oldest available job's age)."""
-    from .stats import queue_stats
-
-    ctx.obj = {"database_url": database_url}
-    if ctx.invoked_subcommand is not None:
-        return
-    with connection(database_url) as conn:
-        rows = queue_stats(conn)
-    if json_out:
-        emit_json([out.queue_json(row) for row in rows])
-    else:
-        say(out.queues_table(rows))
-
-
-def _group_url(ctx: typer.Context, database_url: Optional[str]) -> Optional[str]:
-    return database_url or ((ctx.obj or {}).get("database_url") if isinstance(ctx.obj, dict) else None)
-
-
-FORCE = typer.Option(False, "--force", help="Act even if no supervisor, setting or job knows the queue yet.")
-
-
-@queues_app.command("pause")
-def queues_pause(ctx: typer.Context, name: str = typer.Argument(..., metavar="QUEUE"), force: bool = FORCE,
-                 database_url: Optional[str] = DB_URL) -> None:
-    """Stop starting jobs from a queue (running ones finish; enqueueing still works).
-
-    A queue nothing knows (no settings row, no live supervisor serving it, no
-    job in it) is refused as a likely typo; --force pauses it ahead of use."""
-    from .admin import pause_queue
-
-    with connection(_group_url(ctx, database_url)) as conn:
-        _require_known_queue(conn, name, force)
-        pause_queue(conn, name)
-        conn.commit()
-    say(f"queue {name!r} paused: no new job starts from it; running jobs finish")
-
-
-@queues_app.command("resume")
-def queues_resume(ctx: typer.Context, name: str = typer.Argument(..., metavar="QUEUE"), force: bool = FORCE,
-                  database_url: Optional[str] = DB_URL) -> None:
-    """Start jobs from a paused queue again."""
-    from .admin import resume_queue
-
-    with connection(_group_url(ctx, database_url)) as conn:
-        _require_known_queue(conn, name, force)
-        resume_queue(conn, name)
-        conn.commit()
-    say(f"queue {name!r} resumed")
-
-
-@queues_app.command("set")
-def queues_set(ctx: typer.Context, name: str = typer.Argument(..., metavar="QUEUE"),
-               shards: int = typer.Option(..., "--shards", min=1, max=64,
-                                          help="Lanes, each strict FIFO (1 = the whole queue)."),
-               force: bool = FORCE, database_url: Optional[str] = DB_URL) -> None:
-    """Change a queue's shared settings (stored in the database, so producers
-    and every supervisor agree): --shards N splits it into N FIFO lanes."""
-    from .admin import set_queue_shards
-
-    with connection(_group_url(ctx, database_url)) as conn:
-        _require_known_queue(conn, name, force)
-        moved = set_queue_shards(conn, name, shards)
-        conn.commit()
-    say(f"queue {name!r} now has {shards} lane(s); {moved} waiting job(s) placed in their lanes")
-
-
-def _require_known_queue(conn: Any, name: str, force: bool) -> None:
-    """Unknown = no row in awa.queues, no live supervisor serving it and no
-    job (live or retained) in it: most likely a typo."""
-    from .stats import queue_known, queue_stats
-
-    if force or queue_known(conn, name):
-        return
-    known = [row.queue for row in queue_stats(conn)]
-    hint = f" (known: {', '.join(known[:10])}{', ...' if len(known) > 10 else ''})" if known else ""
-    raise UserError(f"unknown queue {name!r}{hint}; use --force to act on a queue nothing uses yet")
-
-
-# -- dead-letter queue -------------------------------------------------------------
-
-@dlq_app.command("list")
-def dlq_list_cmd(queue: Optional[str] = typer.Option(None, "--queue", "-q"),
-                 kind: Optional[str] = typer.Option(None, "--kind", "-k"),
-                 limit: int = typer.Option(100, "--limit", "-n", min=1),
-                 database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
-    """Dead-lettered jobs, most recent first."""
-    from .admin import dlq_list
-
-    with connection(database_url) as conn:
-        records = dlq_list(conn, queue=queue, kind=kind, limit=limit)
-    if json_out:
-        emit_json(records)
-    else:
-        say(out.dlq_table(records))
-
-
-DLQ_ALL = typer.Option(False, "--all", help="Act on the whole dead-letter queue (no filter).")
-
-
-def _dlq_filters(job_ids: Optional[List[int]], queue: Optional[str], kind: Optional[str],
-                 all_: bool, verb: str) -> Dict[str, Any]:
-    if not job_ids and queue is None and kind is None and not all_:
-        raise UserError(f"dlq {verb} with no filter would {verb} the whole dead-letter queue: "
-                        "give job ids, --queue or --kind, or --all")
-    return {"ids": job_ids or None, "queue": queue, "kind": kind}
-
-
-@dlq_app.command("retry")
-def dlq_retry_cmd(job_ids: Optional[List[int]] = typer.Argument(None, metavar="[ID...]"),
-                  queue: Optional[str] = typer.Option(None, "--queue", "-q"),
-                  kind: Optional[str] = typer.Option(None, "--kind", "-k"), all_: bool = DLQ_ALL,
-                  database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
-    """Give dead-lettered jobs fresh attempts (filters combine with AND)."""
-    from .admin import dlq_retry
-
-    filters = _dlq_filters(job_ids, queue, kind, all_, "retry")
-    with connection(database_url) as conn:
-        count = dlq_retry(conn, **filters)
-        conn.commit()
-    if json_out:
-        emit_json({"retried": count})
-    else:
-        say(f"retried {count} dead-lettered job(s)")
-
-
-@dlq_app.command("purge")
-def dlq_purge_cmd(job_ids: Optional[List[int]] = typer.Argument(None, metavar="[ID...]"),
-                  queue: Optional[str] = typer.Option(None, "--queue", "-q"),
-                  kind: Optional[str] = typer.Option(None, "--kind", "-k"), all_: bool = DLQ_ALL,
-                  database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
-    """Delete dead-lettered jobs for good (filters combine with AND)."""
-    from .admin import dlq_purge
-
-    filters = _dlq_filters(job_ids, queue, kind, all_, "purge")
-    with connection(database_url) as conn:
-        count = dlq_purge(conn, **filters, all=all_)
-        conn.commit()
-    if json_out:
-        emit_json({"purged": count})
-    else:
-        say(f"purged {count} dead-lettered job(s)")
-
-
-# -- periodic jobs -----------------------------------------------------------------
-
-@cron_app.command("list")
-def cron_list(database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
-    """Registered periodic jobs with their last and next fire."""
-    from .periodic_admin import list_schedules
-
-    with connection(database_url) as conn:
-        schedules = list_schedules(conn)
-    if json_out:
-        emit_json(schedules)
-    else:
-        say(out.schedules_table(schedules))
-
-
-@cron_app.command("pause")
-def cron_pause(name: str = typer.Argument(..., metavar="NAME"), database_url: Optional[str] = DB_URL) -> None:
-    """Stop firing a periodic job (trigger still works)."""
-    from .periodic_admin import pause_schedule
-
-    with connection(database_url) as conn:
-        pause_schedule(conn, name)
-        conn.commit()
-    say(f"periodic job {name!r} paused")
-
-
-@cron_app.command("resume")
-def cron_resume(name: str = typer.Argument(..., metavar="NAME"), database_url: Optional[str] = DB_URL) -> None:
-    """Fire a paused periodic job again from its next tick (missed ticks are skipped)."""
-    from .periodic_admin import resume_schedule
-
-    with connection(database_url) as conn:
-        resume_schedule(conn, name)
-        conn.commit()
-    say(f"periodic job {name!r} resumed")
-
-
-@cron_app.command("trigger")
-def cron_trigger(name: str = typer.Argument(..., metavar="NAME"), database_url: Optional[str] = DB_URL,
-                 json_out: bool = JSON_OUT) -> None:
-    """Enqueue a periodic job's job now, even when paused; prints the job id."""
-    from .periodic_admin import trigger_schedule
-
-    with connection(database_url) as conn:
-        job_id = trigger_schedule(conn, name)
-        conn.commit()
-    if json_out:
-        emit_json({"id": job_id})
-    else:
-        say(str(job_id))
-
-
 # -- kinds and top -------------------------------------------------------------------
 
 @app.command()
@@ -619,7 +260,7 @@ def kinds(kind: Optional[str] = typer.Option(None, "--kind", "-k", help="Only th
     were lost; percentiles only use attempts whose handler returned or raised."""
     from .stats import kind_stats
 
-    since_s = _duration(since, "--since")
+    since_s = duration(since, "--since")
     with connection(database_url) as conn:
         rows = kind_stats(conn, kind=kind, since_s=since_s)
     if json_out:
