@@ -296,6 +296,44 @@ def top(interval: float = typer.Option(1.0, "--interval", "-n", min=0.1, help="S
             conn.close()
 
 
+# -- web dashboard ---------------------------------------------------------------------
+
+@app.command()
+def dashboard(host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (not loopback: "
+                                                                   "needs --token or --read-only)."),
+              port: int = typer.Option(8025, "--port", min=0, max=65535, help="Port (0 picks a free one)."),
+              read_only: bool = typer.Option(False, "--read-only", help="Show no action; refuse every POST."),
+              token: Optional[str] = typer.Option(None, "--token", envvar="AWA_DASHBOARD_TOKEN",
+                                                  help="Require this token (Bearer header or login form)."),
+              base_path: str = typer.Option("", "--base-path", metavar="PATH",
+                                            help="Serve under this URL path, e.g. /awa behind a proxy."),
+              threads: int = typer.Option(4, "--threads", min=1, max=64, help="Request threads."),
+              database_url: Optional[str] = DB_URL) -> None:
+    """Serve the web dashboard: queues, jobs, attempts and their cost, kinds, cron, DLQ."""
+    try:
+        from .dashboard import create_app
+        from .dashboard.serve import check_exposure, make_server, normalize_base_path
+    except ImportError as exc:
+        raise UserError(f"the dashboard needs the dashboard extra ({exc.name} is missing): "
+                        "pip install 'awa-pool[dashboard]'") from None
+    check_exposure(host, token, read_only)
+    prefix = normalize_base_path(base_path)
+    url = resolve_url(database_url)
+    with connection(url):  # unreachable or unmigrated: one line now, not a 503 later
+        pass
+    server = make_server(create_app(url, read_only=read_only, token=token), host, port, prefix, threads)
+    shown_host = f"[{host}]" if ":" in host else host
+    mode = " (read-only)" if read_only else ""
+    note(f"awa-pool dashboard on http://{shown_host}:{server.effective_port}{prefix}/{mode} "
+         f"for {db.describe(url)}; Ctrl-C stops it")
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+
+
 # -- least privilege -------------------------------------------------------------------
 
 @app.command()

@@ -201,6 +201,11 @@ CREATE INDEX jobs_done_queue ON awa.jobs_done (queue, state, finalized_at);
 CREATE INDEX jobs_done_dlq ON awa.jobs_done (queue, kind) WHERE dead_lettered;
 CREATE INDEX jobs_done_batch ON awa.jobs_done (batch_id) WHERE batch_id IS NOT NULL;
 CREATE INDEX jobs_done_callback ON awa.jobs_done (callback_id) WHERE callback_id IS NOT NULL;
+-- The dashboard's kind pages (0017): the kind list, per-kind counts and latest
+-- runs; the trouble index holds only failed, cancelled or retried rows.
+CREATE INDEX jobs_done_kind ON awa.jobs_done (kind, finalized_at);
+CREATE INDEX jobs_done_trouble ON awa.jobs_done (kind, finalized_at)
+    WHERE state <> 'completed' OR attempt_log IS NOT NULL;
 
 -- The ring's position: one row, locked by the rotation that turns it.
 CREATE TABLE awa.done_ring (
@@ -1930,4 +1935,5 @@ INSERT INTO awa.schema_migrations (version, name) VALUES
     (13, 'set_based_settle'),
     (14, 'uniform_bulk_enqueue'),
     (15, 'light_rotation'),
-    (16, 'task_timeouts');
+    (16, 'task_timeouts'),
+    (17, 'dashboard_indexes');

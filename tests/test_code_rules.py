@@ -9,7 +9,9 @@ from pathlib import Path
 from awa_pool.sql import QUERIES
 
 PACKAGE = Path(__file__).resolve().parent.parent / "awa_pool"
-SOURCES = {path.stem: path.read_text() for path in PACKAGE.glob("*.py")}
+# every module of the package, subpackages included (dashboard/app.py -> "dashboard.app")
+SOURCES = {".".join(path.relative_to(PACKAGE).with_suffix("").parts): path.read_text()
+           for path in PACKAGE.rglob("*.py")}
 
 CHILD_SIDE = ("child", "execute", "context", "protocol", "job", "errors", "tasks")
 DB_MODULES = {"db", "drivers", "sql", "producer", "admin", "migrate", "fetcher", "completer", "notifier",

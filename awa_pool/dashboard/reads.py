@@ -1,0 +1,387 @@
+"""The dashboard's read model: what each page shows, read through the admin
+and stats functions where they exist and the named queries of
+schema/queries/dashboard.sql where the dashboard needs more (keyset pages,
+throughput per minute, kind trends, batches).
+
+Every function takes a connection and runs in its transaction; none writes.
+Filters arrive as request text and are checked here (BadFilter carries the
+one-line reason the 400 page shows).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..admin import ALL_STATES, get_job
+from ..config import parse_duration
+from ..db import cursor_for
+from ..errors import ConfigError
+from ..job import TERMINAL_STATES, JobRecord, check_name
+from ..periodic_admin import ScheduleInfo, list_schedules
+from ..sql import QUERIES
+from ..stats import QueueOverview, SupervisorInfo, live_supervisors, queue_overview
+
+PAGE_SIZE = 50                 # jobs per page of the jobs and DLQ lists
+THROUGHPUT_MINUTES = 60        # the overview's chart
+KIND_BUCKETS = 30              # slices of a kind's window
+KIND_SAMPLE = 40               # cost figures read per slice (a bounded sample)
+KIND_WINDOWS = {"1h": 3600.0, "6h": 6 * 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
+BATCH_MEMBERS_SHOWN = 100
+TERMINAL = {state.value for state in TERMINAL_STATES}
+LIVE_STATES = [state for state in ALL_STATES if state not in TERMINAL]
+
+
+class BadFilter(ValueError):
+    """A filter the dashboard cannot apply; the message says why (HTTP 400)."""
+
+
+def _name(value: str, what: str) -> str:
+    try:
+        return check_name(value, what)
+    except (TypeError, ValueError) as exc:
+        raise BadFilter(str(exc)) from None
+
+
+def _duration(value: str, what: str) -> float:
+    try:
+        return parse_duration(value, what=what)
+    except ConfigError as exc:
+        raise BadFilter(str(exc)) from None
+
+
+def parse_id(value: Any, what: str = "job id") -> int:
+    """A positive integer id from request text."""
+    text = str(value).strip().lstrip("#")
+    if not text.isdigit() or len(text) > 18:
+        raise BadFilter(f"{what} must be a positive whole number, got {str(value)[:40]!r}")
+    return int(text)
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """The jobs list's filters, as typed in the form (text) and checked."""
+
+    state: Optional[str] = None
+    queue: Optional[str] = None
+    kind: Optional[str] = None
+    tag: Optional[str] = None
+    older_than: Optional[str] = None
+    newer_than: Optional[str] = None
+    before: Optional[int] = None
+
+    FIELDS = ("state", "queue", "kind", "tag", "older_than", "newer_than")
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, str]) -> "JobFilter":
+        values: Dict[str, Any] = {}
+        for name in cls.FIELDS:
+            text = (args.get(name) or "").strip()
+            if text:
+                values[name] = text
+        state = values.get("state")
+        if state is not None and state not in ALL_STATES:
+            raise BadFilter(f"unknown state {state[:40]!r}: use one of {', '.join(ALL_STATES)}")
+        for name in ("queue", "kind", "tag"):
+            if name in values:
+                _name(values[name], name)
+        for name in ("older_than", "newer_than"):
+            if name in values:
+                _duration(values[name], name.replace("_", " "))
+        before = (args.get("before") or "").strip()
+        if before:
+            values["before"] = parse_id(before, "the page cursor (before)")
+        return cls(**values)
+
+    def params(self) -> Dict[str, Any]:
+        return {
+            "state": self.state, "queue": self.queue, "kind": self.kind, "tag": self.tag,
+            "older_than_s": _duration(self.older_than, "older than") if self.older_than else None,
+            "newer_than_s": _duration(self.newer_than, "newer than") if self.newer_than else None,
+        }
+
+    def query_args(self, **changes: Any) -> Dict[str, Any]:
+        """The filter as URL query arguments (unset ones left out)."""
+        chosen = replace(self, **changes) if changes else self
+        found = {name: getattr(chosen, name) for name in self.FIELDS + ("before",)}
+        return {name: value for name, value in found.items() if value not in (None, "")}
+
+    @property
+    def active(self) -> bool:
+        return any(getattr(self, name) for name in self.FIELDS)
+
+    @property
+    def selects_live_jobs(self) -> bool:
+        """False when the state filter names a terminal state (nothing to cancel)."""
+        return self.state is None or self.state not in TERMINAL
+
+
+def _rows(cur: Any) -> List[Dict[str, Any]]:
+    names = [d.name for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+# -- overview ----------------------------------------------------------------------
+
+def queue_rows(conn: Any) -> List[QueueOverview]:
+    """Every known queue's counts, pause flag, lag and recent throughput: the
+    dashboard's one call into the queue read model."""
+    return queue_overview(conn)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Jobs finished per minute over the last hour, oldest minute first."""
+
+    completed: List[int]
+    failed: List[int]
+    cancelled: List[int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.completed) + sum(self.failed) + sum(self.cancelled)
+
+
+def throughput(conn: Any, queues: Sequence[str], minutes: int = THROUGHPUT_MINUTES) -> Dict[str, Throughput]:
+    """Per queue, terminal transitions per minute over the last `minutes`."""
+    series = {name: {"completed": [0] * minutes, "failed": [0] * minutes, "cancelled": [0] * minutes}
+              for name in queues}
+    if queues:
+        with cursor_for(conn) as cur:
+            cur.execute(QUERIES["dash_throughput"], {"queues": list(queues), "minutes": minutes})
+            for queue, state, minutes_ago, n in cur.fetchall():
+                slot = minutes - 1 - int(minutes_ago)
+                if queue in series and 0 <= slot < minutes:
+                    series[queue][state][slot] += int(n)
+    return {name: Throughput(**values) for name, values in series.items()}
+
+
+@dataclass(frozen=True)
+class Overview:
+    queues: List[QueueOverview]
+    supervisors: List[SupervisorInfo]
+    throughput: Dict[str, Throughput]
+
+    @property
+    def total_throughput(self) -> Throughput:
+        minutes = THROUGHPUT_MINUTES
+        summed = {"completed": [0] * minutes, "failed": [0] * minutes, "cancelled": [0] * minutes}
+        for series in self.throughput.values():
+            for state, values in summed.items():
+                for i, n in enumerate(getattr(series, state)):
+                    values[i] += n
+        return Throughput(**summed)
+
+
+def overview(conn: Any) -> Overview:
+    queues = queue_rows(conn)
+    names = [q.queue for q in queues]
+    return Overview(queues=queues, supervisors=live_supervisors(conn),
+                    throughput=throughput(conn, names))
+
+
+# -- jobs --------------------------------------------------------------------------
+
+def jobs_page(conn: Any, filt: JobFilter, known_queues: Sequence[str],
+              limit: int = PAGE_SIZE) -> Tuple[List[Dict[str, Any]], Optional[int]]:
+    """One page of jobs (newest first) and the cursor of the next page."""
+    params = filt.params()
+    params["before"] = filt.before
+    params["limit"] = limit + 1
+    # with a state filter and no queue, name every queue: it lets a rare
+    # terminal state use the (queue, state, ...) index (see the query)
+    params["queues"] = list(known_queues) if filt.state and not filt.queue and known_queues else None
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["dash_jobs_page"], params)
+        rows = _rows(cur)
+    next_before = rows[limit - 1]["id"] if len(rows) > limit else None
+    return rows[:limit], next_before
+
+
+def live_matching(conn: Any, filt: JobFilter) -> Tuple[int, Optional[int]]:
+    """How many not-yet-terminal jobs the filter selects, and their highest id."""
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["dash_live_matching"], filt.params())
+        n, max_id = cur.fetchone()
+    return int(n), max_id
+
+
+def cancel_matching(conn: Any, filt: JobFilter, max_id: int, reason: str) -> int:
+    """Cancel every not-yet-terminal job the filter selects with id <= max_id."""
+    params = filt.params()
+    params.update(max_id=max_id, reason=reason)
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["dash_cancel_matching"], params)
+        return int(cur.fetchone()[0])
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    id: int
+    total: int
+    remaining: int
+    then_id: Optional[int]
+    created_at: datetime
+    done_at: Optional[datetime]
+    members: List[Dict[str, Any]]          # finished or deferred members, by id (capped)
+
+    @property
+    def finished(self) -> int:
+        return self.total - self.remaining
+
+
+@dataclass(frozen=True)
+class JobPage:
+    record: JobRecord
+    extra: Dict[str, Any]
+    batch: Optional[BatchInfo] = None
+    follow_up_of: Optional[int] = None     # the batch this job is the follow-up of
+    last_traceback: Optional[str] = None
+
+
+def _batch(conn: Any, batch_id: int) -> Optional[BatchInfo]:
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["dash_batch"], {"batch_id": batch_id})
+        found = _rows(cur)
+        if not found:
+            return None
+        cur.execute(QUERIES["dash_batch_members"], {"batch_id": batch_id, "limit": BATCH_MEMBERS_SHOWN})
+        members = _rows(cur)
+    return BatchInfo(members=members, **found[0])
+
+
+def job_page(conn: Any, job_id: int) -> Optional[JobPage]:
+    """Everything the job page shows, or None for an unknown id."""
+    record = get_job(conn, job_id)
+    if record is None:
+        return None
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["dash_job_extra"], {"id": job_id})
+        extra = _rows(cur)
+    then_of = record.metadata.get("awa:then_of") if isinstance(record.metadata, dict) else None
+    batch_id = record.batch_id or (then_of if isinstance(then_of, int) else None)
+    batch = _batch(conn, batch_id) if batch_id is not None else None
+    traceback = next((e.get("traceback") for e in reversed(record.errors)
+                      if isinstance(e, dict) and e.get("traceback")), None)
+    return JobPage(record=record, extra=extra[0] if extra else {}, batch=batch,
+                   follow_up_of=batch_id if record.batch_id is None and batch is not None else None,
+                   last_traceback=traceback)
+
+
+# -- kinds -------------------------------------------------------------------------
+
+def percentile(values: Sequence[float], fraction: float) -> Optional[float]:
+    """Linear interpolation between closest ranks (like percentile_cont)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = fraction * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclass
+class KindBucket:
+    t0: datetime
+    t1: datetime
+    finished: int = 0
+    attempts: int = 0
+    failures: int = 0
+    crashes: int = 0
+    timeouts: int = 0
+    wall: List[float] = field(default_factory=list)
+    cpu: List[float] = field(default_factory=list)
+    rss: List[float] = field(default_factory=list)
+
+
+@dataclass
+class KindTrend:
+    """A kind's figures over a window: exact counts, and cost percentiles of
+    a bounded sample (the latest KIND_SAMPLE runs of each slice)."""
+
+    kind: str
+    buckets: List[KindBucket]
+
+    def total(self, name: str) -> int:
+        return sum(getattr(bucket, name) for bucket in self.buckets)
+
+    def all_values(self, name: str) -> List[float]:
+        return [value for bucket in self.buckets for value in getattr(bucket, name)]
+
+    def overall(self, name: str, fraction: float) -> Optional[float]:
+        return percentile(self.all_values(name), fraction)
+
+    def series(self, name: str, fraction: float) -> List[Optional[float]]:
+        return [percentile(getattr(bucket, name), fraction) for bucket in self.buckets]
+
+
+def parse_window(text: Optional[str]) -> Tuple[str, float]:
+    label = (text or "1h").strip()
+    if label not in KIND_WINDOWS:
+        raise BadFilter(f"unknown window {label[:20]!r}: use one of {', '.join(KIND_WINDOWS)}")
+    return label, KIND_WINDOWS[label]
+
+
+def kind_trends(conn: Any, window_s: float, kind: Optional[str] = None) -> List[KindTrend]:
+    """Per kind with history in the window (or just `kind`), its trend."""
+    with cursor_for(conn) as cur:
+        if kind is None:
+            cur.execute(QUERIES["dash_kinds"], {"window_s": window_s})
+            kinds = [row[0] for row in cur.fetchall()]
+        else:
+            kinds = [_name(kind, "kind")]
+        trends = []
+        for name in kinds:
+            params = {"kind": name, "window_s": window_s, "buckets": KIND_BUCKETS, "sample": KIND_SAMPLE}
+            cur.execute(QUERIES["dash_kind_counts"], params)
+            buckets = []
+            for row in _rows(cur):
+                crashes = int(row["crash_final"]) + int(row["earlier_crashes"])
+                timeouts = int(row["timeout_final"]) + int(row["earlier_timeouts"])
+                final_failures = int(row["failed_final"]) - int(row["crash_final"]) - int(row["timeout_final"])
+                buckets.append(KindBucket(
+                    t0=row["t0"], t1=row["t1"], finished=int(row["finished"]),
+                    attempts=int(row["finished"]) + int(row["earlier"]),
+                    failures=final_failures + int(row["earlier_failures"]),
+                    crashes=crashes, timeouts=timeouts))
+            cur.execute(QUERIES["dash_kind_samples"], params)
+            for bucket, wall, cpu, rss in cur.fetchall():
+                target = buckets[int(bucket)]
+                for values, value in ((target.wall, wall), (target.cpu, cpu), (target.rss, rss)):
+                    if value is not None:
+                        values.append(float(value))
+            trends.append(KindTrend(kind=name, buckets=buckets))
+    return trends
+
+
+# -- cron and dead letters ---------------------------------------------------------
+
+def schedules(conn: Any) -> List[ScheduleInfo]:
+    return list_schedules(conn)
+
+
+def dlq_page(conn: Any, queue: Optional[str], kind: Optional[str], before: Optional[int],
+             limit: int = PAGE_SIZE) -> Tuple[List[Dict[str, Any]], Optional[int]]:
+    params = {"queue": _name(queue, "queue") if queue else None,
+              "kind": _name(kind, "kind") if kind else None,
+              "before": before, "limit": limit + 1}
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["dash_dlq_page"], params)
+        rows = _rows(cur)
+    next_before = rows[limit - 1]["id"] if len(rows) > limit else None
+    return rows[:limit], next_before
+
+
+def dlq_count(conn: Any, queue: Optional[str], kind: Optional[str]) -> int:
+    params = {"queue": _name(queue, "queue") if queue else None, "kind": _name(kind, "kind") if kind else None}
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["dash_dlq_count"], params)
+        return int(cur.fetchone()[0])
+
+
+def job_state(conn: Any, job_id: int) -> Optional[str]:
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["dash_job_state"], {"id": job_id})
+        row = cur.fetchone()
+    return row[0] if row else None

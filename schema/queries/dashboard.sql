@@ -1,0 +1,218 @@
+-- The web dashboard's reads (awa_pool/dashboard/reads.py). Every statement
+-- here is bounded by an index: the pages must stay fast with a million rows
+-- of terminal history (awa.jobs_done) and a hundred thousand queued jobs.
+-- Filters are NULL when unused; psycopg2 sends values as literals, so the
+-- planner drops the unused branches and picks the index per call.
+
+-- name: dash_jobs_page
+-- One page of jobs, newest first, after the keyset cursor (id < before).
+-- `queues` repeats every known queue when a state or kind filter is given
+-- without a queue: a no-op for the result, but it lets a rare terminal
+-- state use the (queue, state, finalized_at) index of jobs_done instead of
+-- walking the id index past a million rows.
+SELECT j.id, j.kind, j.queue, j.state::text AS state, j.priority, j.attempt, j.max_attempts,
+       j.run_at, j.created_at, j.finalized_at, j.tags, j.dead_lettered,
+       left(j.args::text, 160) AS args_preview,
+       j.errors -> -1 ->> 'error' AS last_error
+  FROM awa.jobs j
+ WHERE (%(before)s::bigint IS NULL OR j.id < %(before)s::bigint)
+   AND (%(state)s::text IS NULL OR j.state = %(state)s::awa.job_state)
+   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+   AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+   AND (%(kind)s::text IS NULL OR j.kind = %(kind)s::text)
+   AND (%(tag)s::text IS NULL OR j.tags @> ARRAY[%(tag)s::text])
+   AND (%(older_than_s)s::double precision IS NULL
+        OR j.created_at < now() - make_interval(secs => %(older_than_s)s::double precision))
+   AND (%(newer_than_s)s::double precision IS NULL
+        OR j.created_at >= now() - make_interval(secs => %(newer_than_s)s::double precision))
+ ORDER BY j.id DESC
+ LIMIT %(limit)s
+
+-- name: dash_live_matching
+-- How many not-yet-terminal jobs a cancel-by-filter would touch, and the
+-- highest id among them (the action stops there, so jobs enqueued after
+-- the operator saw the count are left alone).
+SELECT count(*) AS n, max(j.id) AS max_id
+  FROM (SELECT id, queue, kind, tags, state, created_at FROM awa.jobs_hot
+        UNION ALL
+        SELECT id, queue, kind, tags, state, created_at FROM awa.jobs_deferred) j
+ WHERE (%(state)s::text IS NULL OR j.state = %(state)s::awa.job_state)
+   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+   AND (%(kind)s::text IS NULL OR j.kind = %(kind)s::text)
+   AND (%(tag)s::text IS NULL OR j.tags @> ARRAY[%(tag)s::text])
+   AND (%(older_than_s)s::double precision IS NULL
+        OR j.created_at < now() - make_interval(secs => %(older_than_s)s::double precision))
+   AND (%(newer_than_s)s::double precision IS NULL
+        OR j.created_at >= now() - make_interval(secs => %(newer_than_s)s::double precision))
+
+-- name: dash_cancel_matching
+-- Cancel every not-yet-terminal job the filter selects, up to max_id,
+-- through awa.cancel_job (the same path as one cancel). Returns how many.
+SELECT count(*) FILTER (WHERE awa.cancel_job(j.id, %(reason)s) = 'cancelled') AS cancelled
+  FROM (SELECT id, queue, kind, tags, state, created_at FROM awa.jobs_hot
+        UNION ALL
+        SELECT id, queue, kind, tags, state, created_at FROM awa.jobs_deferred) j
+ WHERE j.id <= %(max_id)s::bigint
+   AND (%(state)s::text IS NULL OR j.state = %(state)s::awa.job_state)
+   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+   AND (%(kind)s::text IS NULL OR j.kind = %(kind)s::text)
+   AND (%(tag)s::text IS NULL OR j.tags @> ARRAY[%(tag)s::text])
+   AND (%(older_than_s)s::double precision IS NULL
+        OR j.created_at < now() - make_interval(secs => %(older_than_s)s::double precision))
+   AND (%(newer_than_s)s::double precision IS NULL
+        OR j.created_at >= now() - make_interval(secs => %(newer_than_s)s::double precision))
+
+-- name: dash_throughput
+-- Jobs that reached a terminal state per minute over the last `minutes`,
+-- per queue and state, read from the (queue, state, finalized_at) index.
+SELECT x.queue, x.state::text AS state,
+       floor(extract(epoch FROM now() - x.finalized_at) / 60)::int AS minutes_ago,
+       count(*) AS n
+  FROM awa.jobs_done x
+ WHERE x.queue = ANY(%(queues)s::text[])
+   AND x.state IN ('completed', 'failed', 'cancelled')
+   AND x.finalized_at > now() - make_interval(mins => %(minutes)s::int)
+ GROUP BY 1, 2, 3
+
+-- name: dash_job_extra
+-- What the job page shows beyond JobRecord: lease, owner, deadline and the
+-- callback's state.
+SELECT j.lease, j.supervisor_id, j.deadline, j.timeout_s, j.callback_timeout_at,
+       j.callback_result, j.lane
+  FROM awa.jobs j
+ WHERE j.id = %(id)s
+ LIMIT 1
+
+-- name: dash_batch
+-- A batch: its size, how many members are not terminal yet, its follow-up.
+SELECT b.id, b.total, b.remaining, b.then_id, b.created_at, b.done_at
+  FROM awa.batches b
+ WHERE b.id = %(batch_id)s
+
+-- name: dash_batch_members
+-- Finished and deferred members of a batch, by id (both tables have a
+-- batch_id index). The hot table has none, and a page view is no reason to
+-- slow the claim path with one: available and running members are counted
+-- from the batch's total instead.
+SELECT m.id, m.state::text AS state, m.kind
+  FROM (SELECT d.id, d.state, d.kind FROM awa.jobs_done d WHERE d.batch_id = %(batch_id)s
+        UNION ALL
+        SELECT f.id, f.state, f.kind FROM awa.jobs_deferred f WHERE f.batch_id = %(batch_id)s) m
+ ORDER BY m.id
+ LIMIT %(limit)s
+
+-- name: dash_kinds
+-- Kinds with terminal history in the window: a skip scan of the
+-- (kind, finalized_at) index, one probe per kind.
+WITH RECURSIVE names AS (
+    (SELECT x.kind FROM awa.jobs_done x ORDER BY x.kind LIMIT 1)
+    UNION ALL
+    SELECT (SELECT x.kind FROM awa.jobs_done x WHERE x.kind > n.kind ORDER BY x.kind LIMIT 1)
+      FROM names n
+     WHERE n.kind IS NOT NULL
+)
+SELECT n.kind
+  FROM names n
+ WHERE n.kind IS NOT NULL
+   AND EXISTS (SELECT 1 FROM awa.jobs_done x
+                WHERE x.kind = n.kind
+                  AND x.finalized_at > now() - make_interval(secs => %(window_s)s::double precision))
+ ORDER BY n.kind
+
+-- name: dash_kind_counts
+-- One kind's exact counts over the window, in `buckets` equal slices of
+-- time (bucket 0 is the oldest):
+--   finished   jobs that reached a terminal state (index-only on jobs_done_kind)
+--   the rest   from the few rows that failed, were cancelled or were retried
+--              (jobs_done_trouble): their final outcome, and the earlier
+--              attempts each one logged
+WITH slices AS (
+    SELECT g AS bucket,
+           now() - make_interval(secs => %(window_s)s::double precision * (%(buckets)s::int - g)
+                                        / %(buckets)s::int) AS t0,
+           now() - make_interval(secs => %(window_s)s::double precision * (%(buckets)s::int - g - 1)
+                                        / %(buckets)s::int) AS t1
+      FROM generate_series(0, %(buckets)s::int - 1) AS g
+),
+trouble AS (
+    SELECT s.bucket,
+           count(*) FILTER (WHERE x.state = 'failed') AS failed_final,
+           count(*) FILTER (WHERE x.state = 'failed' AND x.errors -> -1 ->> 'kind' = 'crash') AS crash_final,
+           count(*) FILTER (WHERE x.state = 'failed' AND x.errors -> -1 ->> 'kind' = 'timeout') AS timeout_final,
+           coalesce(sum(a.earlier), 0) AS earlier,
+           coalesce(sum(a.failures), 0) AS earlier_failures,
+           coalesce(sum(a.crashes), 0) AS earlier_crashes,
+           coalesce(sum(a.timeouts), 0) AS earlier_timeouts
+      FROM slices s
+      JOIN awa.jobs_done x
+        ON x.kind = %(kind)s AND x.finalized_at > s.t0 AND x.finalized_at <= s.t1
+       AND (x.state <> 'completed' OR x.attempt_log IS NOT NULL)
+     CROSS JOIN LATERAL (
+        SELECT count(*) AS earlier,
+               count(*) FILTER (WHERE e ->> 'outcome' IN ('failed', 'fatal', 'retry', 'lost', 'deadline',
+                                                          'callback_timeout')) AS failures,
+               count(*) FILTER (WHERE e ->> 'outcome' = 'crash') AS crashes,
+               count(*) FILTER (WHERE e ->> 'outcome' = 'timeout') AS timeouts
+          FROM jsonb_array_elements(CASE WHEN jsonb_typeof(x.attempt_log) = 'array'
+                                         THEN x.attempt_log ELSE '[]'::jsonb END) AS e
+     ) a
+     GROUP BY s.bucket
+)
+SELECT s.bucket, s.t0, s.t1,
+       (SELECT count(*) FROM awa.jobs_done x
+         WHERE x.kind = %(kind)s AND x.finalized_at > s.t0 AND x.finalized_at <= s.t1) AS finished,
+       coalesce(t.failed_final, 0) AS failed_final, coalesce(t.crash_final, 0) AS crash_final,
+       coalesce(t.timeout_final, 0) AS timeout_final, coalesce(t.earlier, 0) AS earlier,
+       coalesce(t.earlier_failures, 0) AS earlier_failures,
+       coalesce(t.earlier_crashes, 0) AS earlier_crashes,
+       coalesce(t.earlier_timeouts, 0) AS earlier_timeouts
+  FROM slices s
+  LEFT JOIN trouble t ON t.bucket = s.bucket
+ ORDER BY s.bucket
+
+-- name: dash_kind_samples
+-- The cost figures of one kind's latest `sample` final attempts in each
+-- slice of the window (a bounded sample: a slice with a hundred thousand
+-- runs costs as much to read as one with a hundred).
+SELECT g AS bucket, r.wall_s, r.cpu_s, r.peak_rss
+  FROM generate_series(0, %(buckets)s::int - 1) AS g
+ CROSS JOIN LATERAL (
+    SELECT x.wall_s::double precision AS wall_s, x.cpu_s::double precision AS cpu_s,
+           x.peak_rss::double precision AS peak_rss
+      FROM awa.jobs_done x
+     WHERE x.kind = %(kind)s
+       AND x.finalized_at > now() - make_interval(secs => %(window_s)s::double precision * (%(buckets)s::int - g)
+                                                         / %(buckets)s::int)
+       AND x.finalized_at <= now() - make_interval(secs => %(window_s)s::double precision * (%(buckets)s::int - g - 1)
+                                                          / %(buckets)s::int)
+       AND x.wall_s IS NOT NULL
+       AND (x.state <> 'failed' OR x.errors -> -1 ->> 'kind' IN ('failed', 'fatal'))
+     ORDER BY x.finalized_at DESC
+     LIMIT %(sample)s
+ ) r
+
+-- name: dash_dlq_page
+-- Dead-lettered jobs, newest first, after the keyset cursor.
+SELECT d.id, d.kind, d.queue, d.attempt, d.max_attempts, d.created_at, d.finalized_at,
+       left(d.args::text, 160) AS args_preview, d.errors -> -1 ->> 'error' AS last_error
+  FROM awa.jobs_done d
+ WHERE d.dead_lettered
+   AND (%(before)s::bigint IS NULL OR d.id < %(before)s::bigint)
+   AND (%(queue)s::text IS NULL OR d.queue = %(queue)s::text)
+   AND (%(kind)s::text IS NULL OR d.kind = %(kind)s::text)
+ ORDER BY d.id DESC
+ LIMIT %(limit)s
+
+-- name: dash_session_setup
+-- Every dashboard connection: no page may hold the database for long.
+SET statement_timeout = '10s'
+
+-- name: dash_dlq_count
+-- How many dead-lettered jobs a retry-all or purge-all would touch.
+SELECT count(*) FROM awa.jobs_done d
+ WHERE d.dead_lettered
+   AND (%(queue)s::text IS NULL OR d.queue = %(queue)s::text)
+   AND (%(kind)s::text IS NULL OR d.kind = %(kind)s::text)
+
+-- name: dash_job_state
+SELECT j.state::text FROM awa.jobs j WHERE j.id = %(id)s LIMIT 1
