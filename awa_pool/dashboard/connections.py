@@ -37,19 +37,32 @@ class Connections:
     def connection(self) -> Iterator[Any]:
         """A connection for one request. Whatever the request left
         uncommitted is rolled back; a broken connection is closed."""
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
-        if conn is None or conn.closed:
+        conn = self._take_alive()
+        if conn is None:
             conn = self._open()
-        reusable = False
+        reusable = True   # any other exception leaves the session sound: rolled back below
         try:
             yield conn
-            reusable = True
         except psycopg2.Error as exc:
             reusable = not is_connection_error(exc)
             raise
         finally:
             self._release(conn, reusable)
+
+    def _take_alive(self) -> Any:
+        """An idle connection that still answers, or None."""
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                return None
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(QUERIES["dash_ping"])
+                conn.rollback()
+                return conn
+            except psycopg2.Error:
+                close_quietly(conn)
 
     def _release(self, conn: Any, reusable: bool) -> None:
         if reusable and not conn.closed:

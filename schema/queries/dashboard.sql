@@ -216,3 +216,8 @@ SELECT count(*) FROM awa.jobs_done d
 
 -- name: dash_job_state
 SELECT j.state::text FROM awa.jobs j WHERE j.id = %(id)s LIMIT 1
+
+-- name: dash_ping
+-- A kept connection is checked before a request uses it (the server may
+-- have restarted since): a broken one is replaced instead of failing a page.
+SELECT 1
