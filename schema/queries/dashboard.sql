@@ -25,8 +25,22 @@ SELECT j.id, j.kind, j.queue, j.state::text AS state, j.priority, j.attempt, j.m
         OR j.created_at < now() - make_interval(secs => %(older_than_s)s::double precision))
    AND (%(newer_than_s)s::double precision IS NULL
         OR j.created_at >= now() - make_interval(secs => %(newer_than_s)s::double precision))
+   AND (%(id_below)s::bigint IS NULL OR j.id < %(id_below)s::bigint)
+   AND (%(id_from)s::bigint IS NULL OR j.id >= %(id_from)s::bigint)
  ORDER BY j.id DESC
  LIMIT %(limit)s
+
+-- name: dash_id_range
+SELECT min(j.id), max(j.id) FROM awa.jobs j
+
+-- name: dash_first_created_from
+-- The first job at or after an id, with its creation time: one probe of the
+-- binary search that turns an age filter into an id range (see reads.py).
+SELECT j.id, extract(epoch FROM now() - j.created_at)::double precision AS age_s
+  FROM awa.jobs j
+ WHERE j.id >= %(id)s
+ ORDER BY j.id
+ LIMIT 1
 
 -- name: dash_live_matching
 -- How many not-yet-terminal jobs a cancel-by-filter would touch, and the
@@ -103,7 +117,7 @@ SELECT m.id, m.state::text AS state, m.kind
 
 -- name: dash_kinds
 -- Kinds with terminal history in the window: a skip scan of the
--- (kind, finalized_at) index, one probe per kind.
+-- (kind, finalized_at) index, then one probe per kind.
 WITH RECURSIVE names AS (
     (SELECT x.kind FROM awa.jobs_done x ORDER BY x.kind LIMIT 1)
     UNION ALL
@@ -114,28 +128,36 @@ WITH RECURSIVE names AS (
 SELECT n.kind
   FROM names n
  WHERE n.kind IS NOT NULL
-   AND EXISTS (SELECT 1 FROM awa.jobs_done x
-                WHERE x.kind = n.kind
-                  AND x.finalized_at > now() - make_interval(secs => %(window_s)s::double precision))
+   AND (SELECT true FROM awa.jobs_done x
+         WHERE x.kind = n.kind
+           AND x.finalized_at > now() - make_interval(secs => %(window_s)s::double precision)
+         LIMIT 1)
  ORDER BY n.kind
 
 -- name: dash_kind_counts
 -- One kind's exact counts over the window, in `buckets` equal slices of
--- time (bucket 0 is the oldest):
---   finished   jobs that reached a terminal state (index-only on jobs_done_kind)
+-- time (bucket 0 is the oldest; now() is the transaction's, the same for
+-- dash_kind_samples):
+--   finished   jobs that reached a terminal state (index-only on jobs_done_kind;
+--              its cost grows with the rows the window holds)
 --   the rest   from the few rows that failed, were cancelled or were retried
 --              (jobs_done_trouble): their final outcome, and the earlier
 --              attempts each one logged
-WITH slices AS (
-    SELECT g AS bucket,
-           now() - make_interval(secs => %(window_s)s::double precision * (%(buckets)s::int - g)
-                                        / %(buckets)s::int) AS t0,
-           now() - make_interval(secs => %(window_s)s::double precision * (%(buckets)s::int - g - 1)
-                                        / %(buckets)s::int) AS t1
-      FROM generate_series(0, %(buckets)s::int - 1) AS g
+WITH span AS (
+    SELECT now() - make_interval(secs => %(window_s)s::double precision) AS since,
+           %(window_s)s::double precision AS seconds, %(buckets)s::int AS n
+),
+finished AS (
+    SELECT least(p.n - 1, greatest(0, floor(extract(epoch FROM x.finalized_at - p.since) / p.seconds * p.n)))::int
+               AS bucket,
+           count(*) AS finished
+      FROM awa.jobs_done x, span p
+     WHERE x.kind = %(kind)s AND x.finalized_at > p.since
+     GROUP BY 1
 ),
 trouble AS (
-    SELECT s.bucket,
+    SELECT least(p.n - 1, greatest(0, floor(extract(epoch FROM x.finalized_at - p.since) / p.seconds * p.n)))::int
+               AS bucket,
            count(*) FILTER (WHERE x.state = 'failed') AS failed_final,
            count(*) FILTER (WHERE x.state = 'failed' AND x.errors -> -1 ->> 'kind' = 'crash') AS crash_final,
            count(*) FILTER (WHERE x.state = 'failed' AND x.errors -> -1 ->> 'kind' = 'timeout') AS timeout_final,
@@ -143,9 +165,9 @@ trouble AS (
            coalesce(sum(a.failures), 0) AS earlier_failures,
            coalesce(sum(a.crashes), 0) AS earlier_crashes,
            coalesce(sum(a.timeouts), 0) AS earlier_timeouts
-      FROM slices s
+      FROM span p
       JOIN awa.jobs_done x
-        ON x.kind = %(kind)s AND x.finalized_at > s.t0 AND x.finalized_at <= s.t1
+        ON x.kind = %(kind)s AND x.finalized_at > p.since
        AND (x.state <> 'completed' OR x.attempt_log IS NOT NULL)
      CROSS JOIN LATERAL (
         SELECT count(*) AS earlier,
@@ -156,19 +178,22 @@ trouble AS (
           FROM jsonb_array_elements(CASE WHEN jsonb_typeof(x.attempt_log) = 'array'
                                          THEN x.attempt_log ELSE '[]'::jsonb END) AS e
      ) a
-     GROUP BY s.bucket
+     GROUP BY 1
 )
-SELECT s.bucket, s.t0, s.t1,
-       (SELECT count(*) FROM awa.jobs_done x
-         WHERE x.kind = %(kind)s AND x.finalized_at > s.t0 AND x.finalized_at <= s.t1) AS finished,
+SELECT g AS bucket,
+       p.since + make_interval(secs => p.seconds * g / p.n) AS t0,
+       p.since + make_interval(secs => p.seconds * (g + 1) / p.n) AS t1,
+       coalesce(f.finished, 0) AS finished,
        coalesce(t.failed_final, 0) AS failed_final, coalesce(t.crash_final, 0) AS crash_final,
        coalesce(t.timeout_final, 0) AS timeout_final, coalesce(t.earlier, 0) AS earlier,
        coalesce(t.earlier_failures, 0) AS earlier_failures,
        coalesce(t.earlier_crashes, 0) AS earlier_crashes,
        coalesce(t.earlier_timeouts, 0) AS earlier_timeouts
-  FROM slices s
-  LEFT JOIN trouble t ON t.bucket = s.bucket
- ORDER BY s.bucket
+  FROM span p
+ CROSS JOIN generate_series(0, %(buckets)s::int - 1) AS g
+  LEFT JOIN finished f ON f.bucket = g
+  LEFT JOIN trouble t ON t.bucket = g
+ ORDER BY g
 
 -- name: dash_kind_samples
 -- The cost figures of one kind's latest `sample` final attempts in each
@@ -204,8 +229,11 @@ SELECT d.id, d.kind, d.queue, d.attempt, d.max_attempts, d.created_at, d.finaliz
  LIMIT %(limit)s
 
 -- name: dash_session_setup
--- Every dashboard connection: no page may hold the database for long.
-SET statement_timeout = '10s'
+-- Every dashboard connection: no page may hold the database for long, and
+-- no page pays for JIT compilation (these queries are short; compiling the
+-- plans of a partitioned history costs more than running them).
+SET statement_timeout = '10s';
+SET jit = off
 
 -- name: dash_dlq_count
 -- How many dead-lettered jobs a retry-all or purge-all would touch.
