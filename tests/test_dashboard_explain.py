@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
@@ -18,7 +19,7 @@ import pytest
 
 pytest.importorskip("flask", reason="the dashboard extra is not installed (pip install -e '.[dashboard]')")
 
-from awa_pool.dashboard import reads  # noqa: E402
+from awa_pool.dashboard import kinds, reads  # noqa: E402
 from awa_pool.sql import QUERIES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,12 +100,15 @@ def test_overview_kinds_dlq_and_job_queries_never_scan_history_sequentially(big)
         ("get_job", {"id": big["failed"]}),
         ("queue_overview", {}),
     ]
+    now = time.time()
     for window in (3600.0, 86400.0):
+        width = window / kinds.KIND_BUCKETS
+        since = (now // width - kinds.KIND_BUCKETS + 1) * width
         checks += [
-            ("dash_kinds", {"window_s": window}),
-            ("dash_kind_counts", {"kind": "render_tile", "window_s": window, "buckets": reads.KIND_BUCKETS}),
-            ("dash_kind_samples", {"kind": "render_tile", "window_s": window, "buckets": reads.KIND_BUCKETS,
-                                   "sample": reads.KIND_SAMPLE}),
+            ("dash_kinds", {"since": since}),
+            ("dash_kind_counts", {"kind": "render_tile", "since": since, "width_s": width}),
+            ("dash_kind_samples", {"kind": "render_tile", "since": since, "width_s": width,
+                                   "slices": kinds.KIND_BUCKETS, "sample": kinds.KIND_SAMPLE}),
         ]
     for name, params in checks:
         history = [table for table in seq_scanned(conn, name, params) if table.startswith("jobs_done")]

@@ -23,6 +23,7 @@ from ..db import redact
 from ..errors import DatabaseUnavailable, SchemaMissing
 from . import actions, auth, pages
 from .connections import Connections
+from .kinds import KindTrends
 from .reads import BadFilter
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ def create_app(dsn: Optional[str] = None, *, read_only: bool = False, token: Opt
     app = Flask(__name__, static_folder="static", template_folder="templates")
     app.config.update(TEMPLATES_AUTO_RELOAD=False, MAX_CONTENT_LENGTH=64 * 1024)
     app.extensions["awa_connections"] = Connections(db.check_url(url))
-    app.extensions["awa_read_only"] = read_only
+    app.extensions["awa_kind_trends"] = KindTrends()
     app.jinja_env.autoescape = True
     app.jinja_env.filters.update(
         ago=_ago, stamp=_stamp, seconds=seconds, size=size, rate=rate, pretty_json=_pretty_json,

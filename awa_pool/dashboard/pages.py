@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional
 
 from flask import Flask, abort, current_app, redirect, render_template, request, url_for
 
-from . import auth, charts, reads
+from . import auth, charts, kinds as kind_reads, reads
 
 THROUGHPUT_CHART_MINUTES = reads.THROUGHPUT_MINUTES
 
@@ -65,7 +65,7 @@ def _overview_context() -> Dict[str, Any]:
     return {"view": view, "chart": throughput_chart(view.total_throughput), "sparks": sparks}
 
 
-def kind_charts(trend: reads.KindTrend, window: str) -> Dict[str, Any]:
+def kind_charts(trend: kind_reads.KindTrend, window: str) -> Dict[str, Any]:
     left = f"{window} ago"
     return {
         "wall": charts.line_chart(
@@ -117,7 +117,7 @@ def register(app: Flask, *, token: Optional[str]) -> None:
             return redirect(url_for("job", job_id=reads.parse_id(jump)))
         filt = reads.JobFilter.from_args(request.args)
         with connection() as conn:
-            queues = [q.queue for q in reads.queue_rows(conn)]
+            queues = reads.queue_names(conn)
             rows, next_before = reads.jobs_page(conn, filt, queues)
         return render_template("jobs.html", filt=filt, rows=rows, next_before=next_before,
                                queues=queues, states=reads.ALL_STATES, notice=notice())
@@ -144,12 +144,15 @@ def register(app: Flask, *, token: Optional[str]) -> None:
 
     @app.get("/kinds")
     def kinds() -> str:
-        window, window_s = reads.parse_window(request.args.get("window"))
+        try:
+            window, window_s = kind_reads.parse_window(request.args.get("window"))
+        except kind_reads.BadWindow as exc:
+            raise reads.BadFilter(str(exc)) from None
         with connection() as conn:
-            trends = reads.kind_trends(conn, window_s)
-        return render_template("kinds.html", trends=trends, window=window, windows=list(reads.KIND_WINDOWS),
+            trends = current_app.extensions["awa_kind_trends"].read(conn, window_s)
+        return render_template("kinds.html", trends=trends, window=window, windows=list(kind_reads.KIND_WINDOWS),
                                charts={t.kind: kind_charts(t, window) for t in trends},
-                               buckets=reads.KIND_BUCKETS, sample=reads.KIND_SAMPLE)
+                               buckets=kind_reads.KIND_BUCKETS, sample=kind_reads.KIND_SAMPLE)
 
     @app.get("/cron")
     def cron() -> str:

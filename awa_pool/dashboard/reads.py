@@ -1,7 +1,7 @@
 """The dashboard's read model: what each page shows, read through the admin
 and stats functions where they exist and the named queries of
 schema/queries/dashboard.sql where the dashboard needs more (keyset pages,
-throughput per minute, kind trends, batches).
+throughput per minute, batches). Kind trends live in kinds.py.
 
 Every function takes a connection and runs in its transaction; none writes.
 Filters arrive as request text and are checked here (BadFilter carries the
@@ -24,9 +24,6 @@ from ..stats import QueueOverview, SupervisorInfo, live_supervisors, queue_overv
 
 PAGE_SIZE = 50                 # jobs per page of the jobs and DLQ lists
 THROUGHPUT_MINUTES = 60        # the overview's chart
-KIND_BUCKETS = 30              # slices of a kind's window
-KIND_SAMPLE = 40               # cost figures read per slice (a bounded sample)
-KIND_WINDOWS = {"1h": 3600.0, "6h": 6 * 3600.0, "24h": 86400.0, "7d": 7 * 86400.0}
 BATCH_MEMBERS_SHOWN = 100
 AGE_SLACK_S = 600.0            # how far creation order may stray from id order (see jobs_page_params)
 TERMINAL = {state.value for state in TERMINAL_STATES}
@@ -150,8 +147,8 @@ def throughput(conn: Any, queues: Sequence[str], minutes: int = THROUGHPUT_MINUT
     if queues:
         with cursor_for(conn) as cur:
             cur.execute(QUERIES["dash_throughput"], {"queues": list(queues), "minutes": minutes})
-            for queue, state, minutes_ago, n in cur.fetchall():
-                slot = minutes - 1 - int(minutes_ago)
+            for queue, state, minute, this_minute, n in cur.fetchall():
+                slot = minutes - 1 - int((this_minute - minute).total_seconds() // 60)
                 if queue in series and 0 <= slot < minutes:
                     series[queue][state][slot] += int(n)
     return {name: Throughput(**values) for name, values in series.items()}
@@ -184,32 +181,28 @@ def overview(conn: Any) -> Overview:
 # -- jobs --------------------------------------------------------------------------
 
 def first_id_younger_than(cur: Any, age_s: float) -> Optional[int]:
-    """The smallest id whose job is younger than age_s, by binary search on
-    the id indexes (ids follow creation order); None when every job is older."""
-    cur.execute(QUERIES["dash_id_range"])
-    low, high = cur.fetchone()
-    if low is None:
-        return None
-    found = None
-    while low <= high:
-        middle = (low + high) // 2
-        cur.execute(QUERIES["dash_first_created_from"], {"id": middle})
-        row = cur.fetchone()
-        if row is None or row[1] < age_s:      # the first job at or after `middle` is younger
-            found = row[0] if row is not None else found
-            high = middle - 1
-        else:
-            low = row[0] + 1
-    return found
+    """The smallest id whose job is younger than age_s seconds (None when
+    every job is older): dash_first_younger's binary search on the ids."""
+    cur.execute(QUERIES["dash_first_younger"], {"age_s": age_s})
+    row = cur.fetchone()
+    return row[0] if row else None
+
+
+def queue_names(conn: Any) -> List[str]:
+    """Queues with a settings row or terminal history (cheap: index probes)."""
+    with cursor_for(conn) as cur:
+        cur.execute(QUERIES["dash_queue_names"])
+        return [row[0] for row in cur.fetchall()]
 
 
 def jobs_page_params(cur: Any, filt: JobFilter, known_queues: Sequence[str], limit: int) -> Dict[str, Any]:
-    """The parameters of dash_jobs_page for a filter (shared with the EXPLAIN test)."""
+    """The parameters of dash_jobs_page for a filter (shared with the EXPLAIN test).
+    known_queues must include every queue with terminal history (queue_names)."""
     params = filt.params()
     params.update(before=filt.before, limit=limit + 1, id_below=None, id_from=None)
-    # with a state filter and no queue, name every queue: it lets a rare
-    # terminal state use the (queue, state, ...) index (see the query)
-    params["queues"] = list(known_queues) if filt.state and not filt.queue and known_queues else None
+    # a terminal state without a queue: name the queues, so a rare state can
+    # use the (queue, state, ...) index of the history (see the query)
+    params["queues"] = list(known_queues) if filt.state in TERMINAL and not filt.queue and known_queues else None
     # An age filter becomes an id range too, so the id index stops where the
     # ages stop instead of walking every newer job. The range is widened by
     # AGE_SLACK_S (ids are taken at insert time, created_at is the start of
@@ -301,93 +294,6 @@ def job_page(conn: Any, job_id: int) -> Optional[JobPage]:
     return JobPage(record=record, extra=extra[0] if extra else {}, batch=batch,
                    follow_up_of=batch_id if record.batch_id is None and batch is not None else None,
                    last_traceback=traceback)
-
-
-# -- kinds -------------------------------------------------------------------------
-
-def percentile(values: Sequence[float], fraction: float) -> Optional[float]:
-    """Linear interpolation between closest ranks (like percentile_cont)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    position = fraction * (len(ordered) - 1)
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-@dataclass
-class KindBucket:
-    t0: datetime
-    t1: datetime
-    finished: int = 0
-    attempts: int = 0
-    failures: int = 0
-    crashes: int = 0
-    timeouts: int = 0
-    wall: List[float] = field(default_factory=list)
-    cpu: List[float] = field(default_factory=list)
-    rss: List[float] = field(default_factory=list)
-
-
-@dataclass
-class KindTrend:
-    """A kind's figures over a window: exact counts, and cost percentiles of
-    a bounded sample (the latest KIND_SAMPLE runs of each slice)."""
-
-    kind: str
-    buckets: List[KindBucket]
-
-    def total(self, name: str) -> int:
-        return sum(getattr(bucket, name) for bucket in self.buckets)
-
-    def all_values(self, name: str) -> List[float]:
-        return [value for bucket in self.buckets for value in getattr(bucket, name)]
-
-    def overall(self, name: str, fraction: float) -> Optional[float]:
-        return percentile(self.all_values(name), fraction)
-
-    def series(self, name: str, fraction: float) -> List[Optional[float]]:
-        return [percentile(getattr(bucket, name), fraction) for bucket in self.buckets]
-
-
-def parse_window(text: Optional[str]) -> Tuple[str, float]:
-    label = (text or "1h").strip()
-    if label not in KIND_WINDOWS:
-        raise BadFilter(f"unknown window {label[:20]!r}: use one of {', '.join(KIND_WINDOWS)}")
-    return label, KIND_WINDOWS[label]
-
-
-def kind_trends(conn: Any, window_s: float, kind: Optional[str] = None) -> List[KindTrend]:
-    """Per kind with history in the window (or just `kind`), its trend."""
-    with cursor_for(conn) as cur:
-        if kind is None:
-            cur.execute(QUERIES["dash_kinds"], {"window_s": window_s})
-            kinds = [row[0] for row in cur.fetchall()]
-        else:
-            kinds = [_name(kind, "kind")]
-        trends = []
-        for name in kinds:
-            params = {"kind": name, "window_s": window_s, "buckets": KIND_BUCKETS, "sample": KIND_SAMPLE}
-            cur.execute(QUERIES["dash_kind_counts"], params)
-            buckets = []
-            for row in _rows(cur):
-                crashes = int(row["crash_final"]) + int(row["earlier_crashes"])
-                timeouts = int(row["timeout_final"]) + int(row["earlier_timeouts"])
-                final_failures = int(row["failed_final"]) - int(row["crash_final"]) - int(row["timeout_final"])
-                buckets.append(KindBucket(
-                    t0=row["t0"], t1=row["t1"], finished=int(row["finished"]),
-                    attempts=int(row["finished"]) + int(row["earlier"]),
-                    failures=final_failures + int(row["earlier_failures"]),
-                    crashes=crashes, timeouts=timeouts))
-            cur.execute(QUERIES["dash_kind_samples"], params)
-            for bucket, wall, cpu, rss in cur.fetchall():
-                target = buckets[int(bucket)]
-                for values, value in ((target.wall, wall), (target.cpu, cpu), (target.rss, rss)):
-                    if value is not None:
-                        values.append(float(value))
-            trends.append(KindTrend(kind=name, buckets=buckets))
-    return trends
 
 
 # -- cron and dead letters ---------------------------------------------------------

@@ -6,10 +6,11 @@
 
 -- name: dash_jobs_page
 -- One page of jobs, newest first, after the keyset cursor (id < before).
--- `queues` repeats every known queue when a state or kind filter is given
--- without a queue: a no-op for the result, but it lets a rare terminal
--- state use the (queue, state, finalized_at) index of jobs_done instead of
--- walking the id index past a million rows.
+-- `queues` lists every queue with terminal history when a terminal state is
+-- asked for without a queue: a no-op for the result (no other queue has
+-- rows in that state), but it lets a rare state use the (queue, state,
+-- finalized_at) index of jobs_done instead of walking the id index past a
+-- million rows.
 SELECT j.id, j.kind, j.queue, j.state::text AS state, j.priority, j.attempt, j.max_attempts,
        j.run_at, j.created_at, j.finalized_at, j.tags, j.dead_lettered,
        left(j.args::text, 160) AS args_preview,
@@ -30,17 +31,42 @@ SELECT j.id, j.kind, j.queue, j.state::text AS state, j.priority, j.attempt, j.m
  ORDER BY j.id DESC
  LIMIT %(limit)s
 
--- name: dash_id_range
-SELECT min(j.id), max(j.id) FROM awa.jobs j
+-- name: dash_queue_names
+-- Queue names for the jobs page: every queue with a settings row or with
+-- terminal history (a skip scan of the (queue, state, finalized_at) index,
+-- one probe per queue). Cheap, unlike counting the live tables.
+WITH RECURSIVE done_names AS (
+    (SELECT x.queue FROM awa.jobs_done x ORDER BY x.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT x.queue FROM awa.jobs_done x WHERE x.queue > n.queue ORDER BY x.queue LIMIT 1)
+      FROM done_names n
+     WHERE n.queue IS NOT NULL
+)
+SELECT n.queue AS name FROM done_names n WHERE n.queue IS NOT NULL
+UNION
+SELECT q.name FROM awa.queues q
+ORDER BY 1
 
--- name: dash_first_created_from
--- The first job at or after an id, with its creation time: one probe of the
--- binary search that turns an age filter into an id range (see reads.py).
-SELECT j.id, extract(epoch FROM now() - j.created_at)::double precision AS age_s
-  FROM awa.jobs j
- WHERE j.id >= %(id)s
- ORDER BY j.id
- LIMIT 1
+-- name: dash_first_younger
+-- The smallest job id created less than age_s seconds ago, found by binary
+-- search over the id indexes (ids follow creation order): about 20 probes
+-- of one row each, in one statement. NULL when every job is older.
+WITH RECURSIVE search AS (
+    SELECT min(j.id) AS low, max(j.id) AS high, NULL::bigint AS found FROM awa.jobs j
+    UNION ALL
+    SELECT CASE WHEN p.id IS NULL OR p.young THEN s.low ELSE p.id + 1 END,
+           CASE WHEN p.id IS NULL OR p.young THEN (s.low + s.high) / 2 - 1 ELSE s.high END,
+           CASE WHEN p.young THEN p.id ELSE s.found END
+      FROM search s
+      LEFT JOIN LATERAL (
+          SELECT j.id, j.created_at > now() - make_interval(secs => %(age_s)s::double precision) AS young
+            FROM awa.jobs j
+           WHERE j.id >= (s.low + s.high) / 2
+           ORDER BY j.id
+           LIMIT 1) p ON true
+     WHERE s.low <= s.high
+)
+SELECT s.found FROM search s WHERE s.low > s.high
 
 -- name: dash_live_matching
 -- How many not-yet-terminal jobs a cancel-by-filter would touch, and the
@@ -78,14 +104,14 @@ SELECT count(*) FILTER (WHERE awa.cancel_job(j.id, %(reason)s) = 'cancelled') AS
 
 -- name: dash_throughput
 -- Jobs that reached a terminal state per minute over the last `minutes`,
--- per queue and state, read from the (queue, state, finalized_at) index.
-SELECT x.queue, x.state::text AS state,
-       floor(extract(epoch FROM now() - x.finalized_at) / 60)::int AS minutes_ago,
-       count(*) AS n
+-- per queue and state, read from the (queue, state, finalized_at) index
+-- (grouped by timestamp: cheaper than epoch arithmetic on every row).
+SELECT x.queue, x.state::text AS state, date_trunc('minute', x.finalized_at) AS minute,
+       date_trunc('minute', now()) AS this_minute, count(*) AS n
   FROM awa.jobs_done x
  WHERE x.queue = ANY(%(queues)s::text[])
    AND x.state IN ('completed', 'failed', 'cancelled')
-   AND x.finalized_at > now() - make_interval(mins => %(minutes)s::int)
+   AND x.finalized_at >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s::int - 1)
  GROUP BY 1, 2, 3
 
 -- name: dash_job_extra
@@ -116,7 +142,7 @@ SELECT m.id, m.state::text AS state, m.kind
  LIMIT %(limit)s
 
 -- name: dash_kinds
--- Kinds with terminal history in the window: a skip scan of the
+-- Kinds with terminal history since `since` (epoch seconds): a skip scan of the
 -- (kind, finalized_at) index, then one probe per kind.
 WITH RECURSIVE names AS (
     (SELECT x.kind FROM awa.jobs_done x ORDER BY x.kind LIMIT 1)
@@ -130,34 +156,36 @@ SELECT n.kind
  WHERE n.kind IS NOT NULL
    AND (SELECT true FROM awa.jobs_done x
          WHERE x.kind = n.kind
-           AND x.finalized_at > now() - make_interval(secs => %(window_s)s::double precision)
+           AND x.finalized_at >= to_timestamp(%(since)s::double precision)
          LIMIT 1)
  ORDER BY n.kind
 
+-- name: dash_clock
+-- The database's clock (slices of time are judged on it, not the host's).
+SELECT extract(epoch FROM now())::double precision
+
 -- name: dash_kind_counts
--- One kind's exact counts over the window, in `buckets` equal slices of
--- time (bucket 0 is the oldest; now() is the transaction's, the same for
--- dash_kind_samples):
+-- One kind's exact counts per slice of time from `since` (epoch seconds) to
+-- now, slices `width_s` long and aligned to the epoch (so a closed slice is
+-- the same slice at every later view; kinds.py keeps those). One row per
+-- slice that has any history:
 --   finished   jobs that reached a terminal state (index-only on jobs_done_kind;
---              its cost grows with the rows the window holds)
+--              its cost grows with the rows the range holds)
 --   the rest   from the few rows that failed, were cancelled or were retried
 --              (jobs_done_trouble): their final outcome, and the earlier
 --              attempts each one logged
-WITH span AS (
-    SELECT now() - make_interval(secs => %(window_s)s::double precision) AS since,
-           %(window_s)s::double precision AS seconds, %(buckets)s::int AS n
+WITH p AS (
+    SELECT to_timestamp(%(since)s::double precision) AS since,
+           make_interval(secs => %(width_s)s::double precision) AS width
 ),
 finished AS (
-    SELECT least(p.n - 1, greatest(0, floor(extract(epoch FROM x.finalized_at - p.since) / p.seconds * p.n)))::int
-               AS bucket,
-           count(*) AS finished
-      FROM awa.jobs_done x, span p
-     WHERE x.kind = %(kind)s AND x.finalized_at > p.since
+    SELECT date_bin(p.width, x.finalized_at, TIMESTAMPTZ 'epoch') AS slot, count(*) AS finished
+      FROM awa.jobs_done x, p
+     WHERE x.kind = %(kind)s AND x.finalized_at >= p.since
      GROUP BY 1
 ),
 trouble AS (
-    SELECT least(p.n - 1, greatest(0, floor(extract(epoch FROM x.finalized_at - p.since) / p.seconds * p.n)))::int
-               AS bucket,
+    SELECT date_bin(p.width, x.finalized_at, TIMESTAMPTZ 'epoch') AS slot,
            count(*) FILTER (WHERE x.state = 'failed') AS failed_final,
            count(*) FILTER (WHERE x.state = 'failed' AND x.errors -> -1 ->> 'kind' = 'crash') AS crash_final,
            count(*) FILTER (WHERE x.state = 'failed' AND x.errors -> -1 ->> 'kind' = 'timeout') AS timeout_final,
@@ -165,9 +193,9 @@ trouble AS (
            coalesce(sum(a.failures), 0) AS earlier_failures,
            coalesce(sum(a.crashes), 0) AS earlier_crashes,
            coalesce(sum(a.timeouts), 0) AS earlier_timeouts
-      FROM span p
+      FROM p
       JOIN awa.jobs_done x
-        ON x.kind = %(kind)s AND x.finalized_at > p.since
+        ON x.kind = %(kind)s AND x.finalized_at >= p.since
        AND (x.state <> 'completed' OR x.attempt_log IS NOT NULL)
      CROSS JOIN LATERAL (
         SELECT count(*) AS earlier,
@@ -180,36 +208,30 @@ trouble AS (
      ) a
      GROUP BY 1
 )
-SELECT g AS bucket,
-       p.since + make_interval(secs => p.seconds * g / p.n) AS t0,
-       p.since + make_interval(secs => p.seconds * (g + 1) / p.n) AS t1,
+SELECT extract(epoch FROM coalesce(f.slot, t.slot))::double precision AS slot_start,
        coalesce(f.finished, 0) AS finished,
        coalesce(t.failed_final, 0) AS failed_final, coalesce(t.crash_final, 0) AS crash_final,
        coalesce(t.timeout_final, 0) AS timeout_final, coalesce(t.earlier, 0) AS earlier,
        coalesce(t.earlier_failures, 0) AS earlier_failures,
        coalesce(t.earlier_crashes, 0) AS earlier_crashes,
        coalesce(t.earlier_timeouts, 0) AS earlier_timeouts
-  FROM span p
- CROSS JOIN generate_series(0, %(buckets)s::int - 1) AS g
-  LEFT JOIN finished f ON f.bucket = g
-  LEFT JOIN trouble t ON t.bucket = g
- ORDER BY g
+  FROM finished f
+  FULL JOIN trouble t ON t.slot = f.slot
 
 -- name: dash_kind_samples
--- The cost figures of one kind's latest `sample` final attempts in each
--- slice of the window (a bounded sample: a slice with a hundred thousand
--- runs costs as much to read as one with a hundred).
-SELECT g AS bucket, r.wall_s, r.cpu_s, r.peak_rss
-  FROM generate_series(0, %(buckets)s::int - 1) AS g
+-- The cost figures of one kind's latest `sample` final attempts in each of
+-- `slices` slices from `since` (a bounded sample: a slice with a hundred
+-- thousand runs costs as much to read as one with a hundred). Attempts
+-- that crashed or timed out have no meaningful figures and are left out.
+SELECT g AS slice, r.wall_s, r.cpu_s, r.peak_rss
+  FROM generate_series(0, %(slices)s::int - 1) AS g
  CROSS JOIN LATERAL (
     SELECT x.wall_s::double precision AS wall_s, x.cpu_s::double precision AS cpu_s,
            x.peak_rss::double precision AS peak_rss
       FROM awa.jobs_done x
      WHERE x.kind = %(kind)s
-       AND x.finalized_at > now() - make_interval(secs => %(window_s)s::double precision * (%(buckets)s::int - g)
-                                                         / %(buckets)s::int)
-       AND x.finalized_at <= now() - make_interval(secs => %(window_s)s::double precision * (%(buckets)s::int - g - 1)
-                                                          / %(buckets)s::int)
+       AND x.finalized_at >= to_timestamp(%(since)s::double precision + g * %(width_s)s::double precision)
+       AND x.finalized_at < to_timestamp(%(since)s::double precision + (g + 1) * %(width_s)s::double precision)
        AND x.wall_s IS NOT NULL
        AND (x.state <> 'failed' OR x.errors -> -1 ->> 'kind' IN ('failed', 'fatal'))
      ORDER BY x.finalized_at DESC
