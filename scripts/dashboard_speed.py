@@ -139,12 +139,21 @@ def fill(url: str, history: int, queued: int, *, say: Any = print) -> Dict[str, 
             cur.execute("VACUUM (ANALYZE) awa.jobs_done")
             cur.execute("VACUUM (ANALYZE) awa.jobs_hot")
             cur.execute("VACUUM (ANALYZE) awa.jobs_deferred")
+    finally:
+        conn.close()
+    return existing_ids(url)
+
+
+def existing_ids(url: str) -> Dict[str, int]:
+    """The id range of the history and a failed job in its middle."""
+    conn = psycopg2.connect(url)
+    try:
+        with conn.cursor() as cur:
             cur.execute("SELECT min(id), max(id) FROM awa.jobs_done")
             low, high = cur.fetchone()
             cur.execute("SELECT max(id) FROM awa.jobs_done WHERE state = 'failed' AND kind = 'render_tile' "
                         "AND id < %s", ((low + high) // 2,))
-            failed = cur.fetchone()[0]
-        return {"low": low, "high": high, "failed": failed}
+            return {"low": low, "high": high, "failed": cur.fetchone()[0]}
     finally:
         conn.close()
 
@@ -175,14 +184,26 @@ def pages(ids: Dict[str, int]) -> List[Tuple[str, str]]:
     ]
 
 
-def time_pages(url: str, ids: Dict[str, int], repeat: int) -> List[Tuple[str, str, float, float, float]]:
-    """(label, path, first request ms, median ms, worst ms) per page. The
-    first request of a page includes what a fresh dashboard process pays
-    once (the kinds page reads its whole window, then only new slices)."""
+def backend_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a local PostgreSQL backend has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def time_pages(url: str, ids: Dict[str, int], repeat: int) -> List[Tuple[str, str, float, float, float, float]]:
+    """(label, path, first request ms, median ms, worst ms, CPU ms) per page.
+    The first request of a page includes what a fresh dashboard process pays
+    once (the kinds page reads its whole window, then only new slices). CPU
+    ms is the CPU one request used, in this process and in its PostgreSQL
+    backend (read from /proc: the server must be local): what the request
+    costs on an idle machine, however busy this one is."""
     from awa_pool.dashboard import create_app
 
-    client = create_app(url).test_client()
+    app = create_app(url)
+    client = app.test_client()
     client.get("/cron")   # the connection and the templates' first compile are not any page's cost
+    with app.extensions["awa_connections"].connection() as conn:
+        backend = conn.get_backend_pid()   # the test client is one thread: it reuses this one
     results = []
     for label, path in pages(ids):
         started = time.perf_counter()
@@ -191,12 +212,14 @@ def time_pages(url: str, ids: Dict[str, int], repeat: int) -> List[Tuple[str, st
         assert response.status_code == 200, f"{path}: HTTP {response.status_code}"
         client.get(path)
         times = []
+        cpu_started, backend_started = time.process_time(), backend_cpu_s(backend)
         for _ in range(repeat):
             started = time.perf_counter()
             response = client.get(path)
             times.append((time.perf_counter() - started) * 1000)
             assert response.status_code == 200
-        results.append((label, path, first, statistics.median(times), max(times)))
+        cpu_ms = ((time.process_time() - cpu_started) + (backend_cpu_s(backend) - backend_started)) * 1000 / repeat
+        results.append((label, path, first, statistics.median(times), max(times), cpu_ms))
     return results
 
 
@@ -208,17 +231,24 @@ def main() -> None:
     parser.add_argument("--queued", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=15, help="timed requests per page")
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    parser.add_argument("--reuse", action="store_true", help="time an existing database kept by --keep")
     args = parser.parse_args()
 
     from scriptdb import drop_database
 
-    url = fresh_database(args.database_url, args.database)
+    from scriptdb import with_database
+
+    url = with_database(args.database_url, args.database) if args.reuse else \
+        fresh_database(args.database_url, args.database)
     try:
-        ids = fill(url, args.history, args.queued, say=lambda m: print(m, file=sys.stderr))
+        ids = existing_ids(url) if args.reuse else \
+            fill(url, args.history, args.queued, say=lambda m: print(m, file=sys.stderr))
         results = time_pages(url, ids, args.repeat)
-        with psycopg2.connect(url) as conn, conn.cursor() as cur:
+        conn = psycopg2.connect(url)
+        with conn.cursor() as cur:
             cur.execute("SHOW server_version")
             server = cur.fetchone()[0]
+        conn.close()
     finally:
         if not args.keep:
             drop_database(args.database_url, args.database)
@@ -227,12 +257,12 @@ def main() -> None:
           f"24 h, {args.queued:,} queued; {args.repeat} requests per page")
     load = os.getloadavg()
     print(f"load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n")
-    print("| page | path | first ms | median ms | worst ms |")
-    print("|---|---|---:|---:|---:|")
-    for label, path, first, median, worst in results:
-        print(f"| {label} | `{path}` | {first:.1f} | {median:.1f} | {worst:.1f} |")
-    slowest = max(results, key=lambda r: r[3])
-    print(f"\nslowest median: {slowest[0]} at {slowest[3]:.1f} ms")
+    print("| page | path | CPU ms | median ms | worst ms | first ms |")
+    print("|---|---|---:|---:|---:|---:|")
+    for label, path, first, median, worst, cpu in results:
+        print(f"| {label} | `{path}` | {cpu:.1f} | {median:.1f} | {worst:.1f} | {first:.1f} |")
+    slowest = max(results, key=lambda r: r[5])
+    print(f"\nmost CPU: {slowest[0]} at {slowest[5]:.1f} ms per request")
 
 
 if __name__ == "__main__":

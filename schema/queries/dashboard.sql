@@ -6,30 +6,79 @@
 
 -- name: dash_jobs_page
 -- One page of jobs, newest first, after the keyset cursor (id < before).
--- `queues` lists every queue with terminal history when a terminal state is
--- asked for without a queue: a no-op for the result (no other queue has
--- rows in that state), but it lets a rare state use the (queue, state,
--- finalized_at) index of jobs_done instead of walking the id index past a
--- million rows.
-SELECT j.id, j.kind, j.queue, j.state::text AS state, j.priority, j.attempt, j.max_attempts,
-       j.run_at, j.created_at, j.finalized_at, j.tags, j.dead_lettered,
-       left(j.args::text, 160) AS args_preview,
-       j.errors -> -1 ->> 'error' AS last_error
-  FROM awa.jobs j
- WHERE (%(before)s::bigint IS NULL OR j.id < %(before)s::bigint)
-   AND (%(state)s::text IS NULL OR j.state = %(state)s::awa.job_state)
-   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
-   AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
-   AND (%(kind)s::text IS NULL OR j.kind = %(kind)s::text)
-   AND (%(tag)s::text IS NULL OR j.tags @> ARRAY[%(tag)s::text])
-   AND (%(older_than_s)s::double precision IS NULL
-        OR j.created_at < now() - make_interval(secs => %(older_than_s)s::double precision))
-   AND (%(newer_than_s)s::double precision IS NULL
-        OR j.created_at >= now() - make_interval(secs => %(newer_than_s)s::double precision))
-   AND (%(id_below)s::bigint IS NULL OR j.id < %(id_below)s::bigint)
-   AND (%(id_from)s::bigint IS NULL OR j.id >= %(id_from)s::bigint)
- ORDER BY j.id DESC
- LIMIT %(limit)s
+-- Each table is asked for its own newest page, so each can take its best
+-- index; a state filter skips the tables that cannot hold that state.
+--   hot       the redundant "available OR running" lets a queue filter use
+--             the claim index (available rows) and the running index
+--             together, instead of walking every live row by id
+--   history   `queues` lists every queue with terminal history when a
+--             terminal state is asked for without a queue: a no-op for the
+--             result, but a rare state then uses the (queue, state,
+--             finalized_at) index instead of walking a million ids
+-- An age filter also arrives as an id range (id_below, id_from: see
+-- reads.jobs_page_params), so the id indexes stop where the ages stop.
+SELECT * FROM (
+  (SELECT h.id, h.kind, h.queue, h.state::text AS state, h.priority, h.attempt, h.max_attempts,
+       h.run_at, h.created_at, h.finalized_at, h.tags, h.dead_lettered,
+       left(h.args::text, 160) AS args_preview, h.errors -> -1 ->> 'error' AS last_error
+     FROM awa.jobs_hot h
+    WHERE (%(state)s::text IS NULL OR %(state)s::text IN ('available', 'running'))
+      AND (h.state = 'available' OR h.state = 'running')
+      AND (%(before)s::bigint IS NULL OR h.id < %(before)s::bigint)
+      AND (%(state)s::text IS NULL OR h.state = %(state)s::awa.job_state)
+      AND (%(queue)s::text IS NULL OR h.queue = %(queue)s::text)
+      AND (%(kind)s::text IS NULL OR h.kind = %(kind)s::text)
+      AND (%(tag)s::text IS NULL OR h.tags @> ARRAY[%(tag)s::text])
+      AND (%(older_than_s)s::double precision IS NULL
+           OR h.created_at < now() - make_interval(secs => %(older_than_s)s::double precision))
+      AND (%(newer_than_s)s::double precision IS NULL
+           OR h.created_at >= now() - make_interval(secs => %(newer_than_s)s::double precision))
+      AND (%(id_below)s::bigint IS NULL OR h.id < %(id_below)s::bigint)
+      AND (%(id_from)s::bigint IS NULL OR h.id >= %(id_from)s::bigint)
+    ORDER BY h.id DESC
+    LIMIT %(limit)s)
+  UNION ALL
+  (SELECT d.id, d.kind, d.queue, d.state::text AS state, d.priority, d.attempt, d.max_attempts,
+       d.run_at, d.created_at, d.finalized_at, d.tags, d.dead_lettered,
+       left(d.args::text, 160) AS args_preview, d.errors -> -1 ->> 'error' AS last_error
+     FROM awa.jobs_deferred d
+    WHERE (%(state)s::text IS NULL OR %(state)s::text IN ('scheduled', 'retryable', 'waiting_external'))
+      AND (%(before)s::bigint IS NULL OR d.id < %(before)s::bigint)
+      AND (%(state)s::text IS NULL OR d.state = %(state)s::awa.job_state)
+      AND (%(queue)s::text IS NULL OR d.queue = %(queue)s::text)
+      AND (%(kind)s::text IS NULL OR d.kind = %(kind)s::text)
+      AND (%(tag)s::text IS NULL OR d.tags @> ARRAY[%(tag)s::text])
+      AND (%(older_than_s)s::double precision IS NULL
+           OR d.created_at < now() - make_interval(secs => %(older_than_s)s::double precision))
+      AND (%(newer_than_s)s::double precision IS NULL
+           OR d.created_at >= now() - make_interval(secs => %(newer_than_s)s::double precision))
+      AND (%(id_below)s::bigint IS NULL OR d.id < %(id_below)s::bigint)
+      AND (%(id_from)s::bigint IS NULL OR d.id >= %(id_from)s::bigint)
+    ORDER BY d.id DESC
+    LIMIT %(limit)s)
+  UNION ALL
+  (SELECT x.id, x.kind, x.queue, x.state::text AS state, x.priority, x.attempt, x.max_attempts,
+       x.run_at, x.created_at, x.finalized_at, x.tags, x.dead_lettered,
+       left(x.args::text, 160) AS args_preview, x.errors -> -1 ->> 'error' AS last_error
+     FROM awa.jobs_done x
+    WHERE (%(state)s::text IS NULL OR %(state)s::text IN ('completed', 'failed', 'cancelled'))
+      AND (%(queues)s::text[] IS NULL OR x.queue = ANY(%(queues)s::text[]))
+      AND (%(before)s::bigint IS NULL OR x.id < %(before)s::bigint)
+      AND (%(state)s::text IS NULL OR x.state = %(state)s::awa.job_state)
+      AND (%(queue)s::text IS NULL OR x.queue = %(queue)s::text)
+      AND (%(kind)s::text IS NULL OR x.kind = %(kind)s::text)
+      AND (%(tag)s::text IS NULL OR x.tags @> ARRAY[%(tag)s::text])
+      AND (%(older_than_s)s::double precision IS NULL
+           OR x.created_at < now() - make_interval(secs => %(older_than_s)s::double precision))
+      AND (%(newer_than_s)s::double precision IS NULL
+           OR x.created_at >= now() - make_interval(secs => %(newer_than_s)s::double precision))
+      AND (%(id_below)s::bigint IS NULL OR x.id < %(id_below)s::bigint)
+      AND (%(id_from)s::bigint IS NULL OR x.id >= %(id_from)s::bigint)
+    ORDER BY x.id DESC
+    LIMIT %(limit)s)
+) page
+ORDER BY page.id DESC
+LIMIT %(limit)s
 
 -- name: dash_queue_names
 -- Queue names for the jobs page: every queue with a settings row or with
