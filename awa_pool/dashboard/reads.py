@@ -20,7 +20,7 @@ from ..errors import ConfigError
 from ..job import TERMINAL_STATES, JobRecord, check_name
 from ..periodic_admin import ScheduleInfo, list_schedules
 from ..sql import QUERIES
-from ..stats import QueueOverview, SupervisorInfo, live_supervisors, queue_overview
+from ..stats import QueueStats, SupervisorInfo, live_supervisors, queue_stats
 
 PAGE_SIZE = 50                 # jobs per page of the jobs and DLQ lists
 THROUGHPUT_MINUTES = 60        # the overview's chart
@@ -121,10 +121,11 @@ def _rows(cur: Any) -> List[Dict[str, Any]]:
 
 # -- overview ----------------------------------------------------------------------
 
-def queue_rows(conn: Any) -> List[QueueOverview]:
+def queue_rows(conn: Any) -> List[QueueStats]:
     """Every known queue's counts, pause flag, lag and recent throughput: the
-    dashboard's one call into the queue read model."""
-    return queue_overview(conn)
+    dashboard's one call into the queue read model. Retained completed and
+    cancelled totals are left out: the overview refreshes every 2 s."""
+    return queue_stats(conn, retained_totals=False)
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ def throughput(conn: Any, queues: Sequence[str], minutes: int = THROUGHPUT_MINUT
 
 @dataclass(frozen=True)
 class Overview:
-    queues: List[QueueOverview]
+    queues: List[QueueStats]
     supervisors: List[SupervisorInfo]
     throughput: Dict[str, Throughput]
 

@@ -11,7 +11,8 @@
 -- awa.jobs_done through its (queue, state, finalized_at) index;
 -- finished_10s / finished_60s are jobs that reached a terminal state in the
 -- last 10 and 60 seconds; lag_s is the age of the oldest available job (0
--- when none).
+-- when none). With retained_totals false, completed and cancelled are NULL
+-- (not counted: that reads every retained row of the queue's history).
 WITH RECURSIVE done_names AS (
     (SELECT x.queue FROM awa.jobs_done x ORDER BY x.queue LIMIT 1)
     UNION ALL
@@ -42,12 +43,12 @@ SELECT n.name AS queue,
        coalesce(sum(l.n) FILTER (WHERE l.state = 'scheduled'), 0)::bigint AS scheduled,
        coalesce(sum(l.n) FILTER (WHERE l.state = 'retryable'), 0)::bigint AS retryable,
        coalesce(sum(l.n) FILTER (WHERE l.state = 'waiting_external'), 0)::bigint AS waiting_external,
-       (SELECT count(*) FROM awa.jobs_done x
-         WHERE x.queue = n.name AND x.state = 'completed') AS completed,
+       CASE WHEN %(retained_totals)s THEN (SELECT count(*) FROM awa.jobs_done x
+         WHERE x.queue = n.name AND x.state = 'completed') END AS completed,
        (SELECT count(*) FROM awa.jobs_done x
          WHERE x.queue = n.name AND x.state = 'failed') AS failed,
-       (SELECT count(*) FROM awa.jobs_done x
-         WHERE x.queue = n.name AND x.state = 'cancelled') AS cancelled,
+       CASE WHEN %(retained_totals)s THEN (SELECT count(*) FROM awa.jobs_done x
+         WHERE x.queue = n.name AND x.state = 'cancelled') END AS cancelled,
        (SELECT count(*) FROM awa.jobs_done x
          WHERE x.queue = n.name AND x.state IN ('completed', 'failed', 'cancelled')
            AND x.finalized_at > now() - interval '10 seconds') AS finished_10s,
