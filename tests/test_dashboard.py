@@ -247,3 +247,21 @@ def test_kind_trends_keep_closed_slices_and_read_only_new_ones(dsn):
         assert trends.slices_read <= 2                        # then only the open slice (and one closing)
     assert [(t.kind, t.total("finished")) for t in again] == [(t.kind, t.total("finished")) for t in first] \
         == [("add", 4)]
+
+
+def test_throughput_keeps_closed_minutes_and_reads_the_current_one(dsn):
+    from awa_pool.dashboard.throughput import MINUTES, ThroughputMinutes
+
+    enqueue(dsn, *[awa_pool.Job("add", {"a": i, "b": i}) for i in range(3)])
+    drain(dsn)
+    failed_job(dsn)
+    minutes = ThroughputMinutes()
+    with connection(dsn) as conn:
+        first = minutes.read(conn, ["default", "idle"])
+        assert minutes.minutes_read == MINUTES
+        conn.rollback()
+        again = minutes.read(conn, ["default", "idle"])
+        assert minutes.minutes_read <= 2          # the current minute, and the last one if it just closed
+    for series in (first, again):
+        assert sum(series["default"].completed) == 3 and sum(series["default"].failed) == 1
+        assert series["idle"].total == 0 and len(series["idle"].completed) == MINUTES

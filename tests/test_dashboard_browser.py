@@ -134,7 +134,7 @@ def test_hostile_job_data_never_runs_and_a_post_without_csrf_is_refused(dsn, pro
                                           tags=[XSS_ATTR], metadata={"html": XSS_SCRIPT}))
     base = start_dashboard(processes, dsn)
     wait = WebDriverWait(browser, 20)
-    for path in (f"/jobs/{job_id}", "/jobs", f"/jobs?kind=quick"):
+    for path in (f"/jobs/{job_id}", "/jobs", "/jobs?kind=quick"):
         browser.get(base + path)
         wait.until(lambda d: d.execute_script("return document.readyState") == "complete")
         assert _no_alert(browser), f"an alert opened on {path}"

@@ -24,6 +24,7 @@ from ..errors import DatabaseUnavailable, SchemaMissing
 from . import actions, auth, pages
 from .connections import Connections
 from .kinds import KindTrends
+from .throughput import ThroughputMinutes
 from .reads import BadFilter
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ def create_app(dsn: Optional[str] = None, *, read_only: bool = False, token: Opt
     app.config.update(TEMPLATES_AUTO_RELOAD=False, MAX_CONTENT_LENGTH=64 * 1024)
     app.extensions["awa_connections"] = Connections(db.check_url(url))
     app.extensions["awa_kind_trends"] = KindTrends()
+    app.extensions["awa_throughput"] = ThroughputMinutes()
     app.jinja_env.autoescape = True
     app.jinja_env.filters.update(
         ago=_ago, stamp=_stamp, seconds=seconds, size=size, rate=rate, pretty_json=_pretty_json,

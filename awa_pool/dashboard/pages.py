@@ -9,8 +9,7 @@ from typing import Any, Dict, Optional
 from flask import Flask, abort, current_app, redirect, render_template, request, url_for
 
 from . import auth, charts, kinds as kind_reads, reads
-
-THROUGHPUT_CHART_MINUTES = reads.THROUGHPUT_MINUTES
+from .throughput import Throughput
 
 # What an action did, shown after its redirect. Only these fixed sentences
 # can appear; the URL supplies a code and numbers or a checked name.
@@ -49,7 +48,7 @@ def notice() -> Optional[str]:
     return NOTICES[code].format(**values)
 
 
-def throughput_chart(series: reads.Throughput) -> Any:
+def throughput_chart(series: Throughput) -> Any:
     return charts.line_chart(
         [("completed per minute", series.completed, "ok"), ("failed per minute", series.failed, "bad"),
          ("cancelled per minute", series.cancelled, "muted")],
@@ -59,7 +58,7 @@ def throughput_chart(series: reads.Throughput) -> Any:
 
 def _overview_context() -> Dict[str, Any]:
     with connection() as conn:
-        view = reads.overview(conn)
+        view = reads.overview(conn, current_app.extensions["awa_throughput"])
     sparks = {name: charts.sparkline([c + f + x for c, f, x in zip(s.completed, s.failed, s.cancelled)])
               for name, s in view.throughput.items()}
     return {"view": view, "chart": throughput_chart(view.total_throughput), "sparks": sparks}

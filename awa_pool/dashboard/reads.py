@@ -1,7 +1,7 @@
 """The dashboard's read model: what each page shows, read through the admin
 and stats functions where they exist and the named queries of
 schema/queries/dashboard.sql where the dashboard needs more (keyset pages,
-throughput per minute, batches). Kind trends live in kinds.py.
+batches). Throughput is in throughput.py, kind trends in kinds.py.
 
 Every function takes a connection and runs in its transaction; none writes.
 Filters arrive as request text and are checked here (BadFilter carries the
@@ -9,7 +9,7 @@ one-line reason the 400 page shows).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -21,9 +21,9 @@ from ..job import TERMINAL_STATES, JobRecord, check_name
 from ..periodic_admin import ScheduleInfo, list_schedules
 from ..sql import QUERIES
 from ..stats import QueueStats, SupervisorInfo, live_supervisors, queue_stats
+from .throughput import Throughput, ThroughputMinutes
 
 PAGE_SIZE = 50                 # jobs per page of the jobs and DLQ lists
-THROUGHPUT_MINUTES = 60        # the overview's chart
 BATCH_MEMBERS_SHOWN = 100
 AGE_SLACK_S = 600.0            # how far creation order may stray from id order (see jobs_page_params)
 TERMINAL = {state.value for state in TERMINAL_STATES}
@@ -129,33 +129,6 @@ def queue_rows(conn: Any) -> List[QueueStats]:
 
 
 @dataclass(frozen=True)
-class Throughput:
-    """Jobs finished per minute over the last hour, oldest minute first."""
-
-    completed: List[int]
-    failed: List[int]
-    cancelled: List[int]
-
-    @property
-    def total(self) -> int:
-        return sum(self.completed) + sum(self.failed) + sum(self.cancelled)
-
-
-def throughput(conn: Any, queues: Sequence[str], minutes: int = THROUGHPUT_MINUTES) -> Dict[str, Throughput]:
-    """Per queue, terminal transitions per minute over the last `minutes`."""
-    series = {name: {"completed": [0] * minutes, "failed": [0] * minutes, "cancelled": [0] * minutes}
-              for name in queues}
-    if queues:
-        with cursor_for(conn) as cur:
-            cur.execute(QUERIES["dash_throughput"], {"queues": list(queues), "minutes": minutes})
-            for queue, state, minute, this_minute, n in cur.fetchall():
-                slot = minutes - 1 - int((this_minute - minute).total_seconds() // 60)
-                if queue in series and 0 <= slot < minutes:
-                    series[queue][state][slot] += int(n)
-    return {name: Throughput(**values) for name, values in series.items()}
-
-
-@dataclass(frozen=True)
 class Overview:
     queues: List[QueueStats]
     supervisors: List[SupervisorInfo]
@@ -163,20 +136,13 @@ class Overview:
 
     @property
     def total_throughput(self) -> Throughput:
-        minutes = THROUGHPUT_MINUTES
-        summed = {"completed": [0] * minutes, "failed": [0] * minutes, "cancelled": [0] * minutes}
-        for series in self.throughput.values():
-            for state, values in summed.items():
-                for i, n in enumerate(getattr(series, state)):
-                    values[i] += n
-        return Throughput(**summed)
+        return Throughput.summed(list(self.throughput.values()))
 
 
-def overview(conn: Any) -> Overview:
+def overview(conn: Any, minutes: ThroughputMinutes) -> Overview:
     queues = queue_rows(conn)
-    names = [q.queue for q in queues]
     return Overview(queues=queues, supervisors=live_supervisors(conn),
-                    throughput=throughput(conn, names))
+                    throughput=minutes.read(conn, [q.queue for q in queues]))
 
 
 # -- jobs --------------------------------------------------------------------------

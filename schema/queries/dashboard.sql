@@ -152,15 +152,17 @@ SELECT count(*) FILTER (WHERE awa.cancel_job(j.id, %(reason)s) = 'cancelled') AS
         OR j.created_at >= now() - make_interval(secs => %(newer_than_s)s::double precision))
 
 -- name: dash_throughput
--- Jobs that reached a terminal state per minute over the last `minutes`,
--- per queue and state, read from the (queue, state, finalized_at) index
--- (grouped by timestamp: cheaper than epoch arithmetic on every row).
-SELECT x.queue, x.state::text AS state, date_trunc('minute', x.finalized_at) AS minute,
-       date_trunc('minute', now()) AS this_minute, count(*) AS n
+-- Jobs that reached a terminal state per minute since `since` (epoch
+-- seconds, a minute boundary), per queue and state, read from the (queue,
+-- state, finalized_at) index. throughput.py keeps the closed minutes, so the
+-- overview's refresh usually reads only the current one.
+SELECT x.queue, x.state::text AS state,
+       extract(epoch FROM date_trunc('minute', x.finalized_at))::double precision AS minute_start,
+       count(*) AS n
   FROM awa.jobs_done x
  WHERE x.queue = ANY(%(queues)s::text[])
    AND x.state IN ('completed', 'failed', 'cancelled')
-   AND x.finalized_at >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s::int - 1)
+   AND x.finalized_at >= to_timestamp(%(since)s::double precision)
  GROUP BY 1, 2, 3
 
 -- name: dash_job_extra
