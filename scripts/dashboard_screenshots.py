@@ -90,7 +90,8 @@ def photograph(base: str, url: str, out: Path) -> None:
             driver.get(base + path)
             time.sleep(0.5)
             height = driver.execute_script("return document.documentElement.scrollHeight")
-            driver.set_window_size(1440, min(max(height, 600), 2400))
+            # the jobs list is long: its first rows say enough
+            driver.set_window_size(1440, min(max(height, 600), 1000 if name == "jobs" else 2400))
             time.sleep(0.3)
             driver.find_element(By.TAG_NAME, "body").screenshot(str(out / f"dashboard-{name}.png"))
             print(f"docs/img/dashboard-{name}.png")
@@ -105,23 +106,29 @@ def main() -> None:
     parser.add_argument("--database", default="awa_dashboard_shots")
     parser.add_argument("--minutes", type=float, default=8.0, help="how long to feed the pool")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--keep", action="store_true", help="keep the database (and the pool running)")
+    parser.add_argument("--reuse", action="store_true", help="photograph a database kept by --keep")
     args = parser.parse_args()
 
     out = ROOT / "docs" / "img"
     out.mkdir(parents=True, exist_ok=True)
-    url = fresh_database(args.database_url, args.database)
+    from scriptdb import with_database
+
+    url = with_database(args.database_url, args.database) if args.reuse else \
+        fresh_database(args.database_url, args.database)
     env = _env(url)
     pool = subprocess.Popen([sys.executable, "-m", "awa_pool", "start", "--app", "tilework.tasks",
                              "-w", str(args.workers), "--log-level", "warning"], env=env, cwd=str(EXAMPLES))
     dashboard = None
     try:
-        feed(url, args.minutes)
-        conn = psycopg2.connect(url)
-        with conn:   # a paused queue with work waiting, as an operator would see it
-            awa_pool.pause_queue(conn, "default")
-            for n in range(5):
-                awa_pool.enqueue(conn, awa_pool.Job("send_digest", {"to": f"late-{n}@example.com"}))
-        conn.close()
+        if not args.reuse:
+            feed(url, args.minutes)
+            conn = psycopg2.connect(url)
+            with conn:   # a paused queue with work waiting, as an operator would see it
+                awa_pool.pause_queue(conn, "default")
+                for n in range(5):
+                    awa_pool.enqueue(conn, awa_pool.Job("send_digest", {"to": f"late-{n}@example.com"}))
+            conn.close()
         time.sleep(3)
         dashboard = subprocess.Popen([sys.executable, "-m", "awa_pool", "dashboard", "--port", "0"],
                                      env=env, stderr=subprocess.PIPE, text=True)
@@ -133,7 +140,8 @@ def main() -> None:
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=60)
-        drop_database(args.database_url, args.database)
+        if not args.keep:
+            drop_database(args.database_url, args.database)
 
 
 if __name__ == "__main__":

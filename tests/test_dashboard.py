@@ -7,14 +7,12 @@ import re
 
 import pytest
 
-pytest.importorskip("flask", reason="the dashboard extra is not installed (pip install -e '.[dashboard]')")
-
-import awa_pool  # noqa: E402
-from awa_pool.dashboard import create_app  # noqa: E402
-from awa_pool.periodic import make_schedule  # noqa: E402
-from awa_pool.periodic_admin import register_schedules  # noqa: E402
-from dashboard_helpers import drain, enqueue, failed_job, post, text, visible  # noqa: E402
-from helpers import connection, query, scalar  # noqa: E402
+import awa_pool
+from awa_pool.dashboard import create_app
+from awa_pool.periodic import make_schedule
+from awa_pool.periodic_admin import register_schedules
+from dashboard_helpers import drain, enqueue, failed_job, post, text, visible
+from helpers import connection, query, scalar
 
 
 @pytest.fixture

@@ -17,15 +17,14 @@ from typing import Iterator
 
 import pytest
 
-pytest.importorskip("flask", reason="the dashboard extra is not installed (pip install -e '.[dashboard]')")
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+from selenium import webdriver
+from selenium.common.exceptions import NoAlertPresentException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
-import awa_pool  # noqa: E402
-from dashboard_helpers import enqueue, start_dashboard  # noqa: E402
-from helpers import scalar, wait_for  # noqa: E402
-from selenium.common.exceptions import NoAlertPresentException  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+import awa_pool
+from dashboard_helpers import enqueue, start_dashboard
+from helpers import scalar, wait_for
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")

@@ -17,10 +17,8 @@ from typing import Any, Dict, Iterator, List
 import psycopg2
 import pytest
 
-pytest.importorskip("flask", reason="the dashboard extra is not installed (pip install -e '.[dashboard]')")
-
-from awa_pool.dashboard import kinds, reads  # noqa: E402
-from awa_pool.sql import QUERIES  # noqa: E402
+from awa_pool.dashboard import kinds, reads
+from awa_pool.sql import QUERIES
 
 ROOT = Path(__file__).resolve().parent.parent
 HISTORY, QUEUED = 60_000, 6_000

@@ -12,14 +12,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
-pytest.importorskip("flask", reason="the dashboard extra is not installed (pip install -e '.[dashboard]')")
-
-import awa_pool  # noqa: E402
-from awa_pool.dashboard import create_app  # noqa: E402
-from awa_pool.dashboard.auth import CSRF_FIELD, SESSION_COOKIE  # noqa: E402
-from cli_run import assert_one_error_line, cli, url_with_password  # noqa: E402
-from dashboard_helpers import TcpProxy, csrf_of, enqueue, failed_job, post, start_dashboard, text  # noqa: E402
-from helpers import query, scalar, wait_for, with_database  # noqa: E402
+import awa_pool
+from awa_pool.dashboard import create_app
+from awa_pool.dashboard.auth import CSRF_FIELD, SESSION_COOKIE
+from cli_run import assert_one_error_line, cli, url_with_password
+from dashboard_helpers import TcpProxy, csrf_of, enqueue, failed_job, post, start_dashboard, text
+from helpers import query, scalar, wait_for, with_database
 
 PAGES = ["/", "/fragment/overview", "/jobs", "/kinds", "/cron", "/dlq"]
 XSS_SCRIPT = "<script>alert('xss')</script>"

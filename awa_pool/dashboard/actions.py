@@ -75,21 +75,20 @@ def register(app: Flask) -> None:
             conn.commit()
         return redirect(url_for("jobs", done="cancelled_many", n=n, **filt.query_args()))
 
-    @app.post("/queues/pause")
-    def queue_pause() -> Any:
+    def _queue(action: Any, done: str) -> Any:
         name = _checked((request.form.get("queue") or "").strip(), "queue")
         with connection() as conn:
-            pause_queue(conn, name)
+            action(conn, name)
             conn.commit()
-        return redirect(url_for("overview", done="paused", name=name))
+        return redirect(url_for("overview", done=done, name=name))
+
+    @app.post("/queues/pause")
+    def queue_pause() -> Any:
+        return _queue(pause_queue, "paused")
 
     @app.post("/queues/resume")
     def queue_resume() -> Any:
-        name = _checked((request.form.get("queue") or "").strip(), "queue")
-        with connection() as conn:
-            resume_queue(conn, name)
-            conn.commit()
-        return redirect(url_for("overview", done="resumed", name=name))
+        return _queue(resume_queue, "resumed")
 
     @app.post("/dlq/retry")
     def dlq_retry_action() -> Any:

@@ -1,7 +1,8 @@
 """Charts as inline SVG, drawn on the server: no chart library and no
 script. Only numbers and escaped labels go into the markup; colours come
-from classes in the stylesheet (the CSP forbids inline style attributes
-being relied on, and classes keep the charts themeable).
+from classes in the stylesheet (the CSP's style-src 'self' blocks inline
+style attributes). A chart's viewBox is the size it is drawn at on the
+page, so its text is not stretched: callers pass the width they lay out.
 """
 from __future__ import annotations
 
@@ -42,13 +43,21 @@ def _segments(values: Sequence[Optional[float]]) -> List[List[Tuple[int, float]]
     return runs
 
 
+def nice_bytes(value: float) -> float:
+    """A round ceiling for an axis of bytes (1, 2, 2.5 or 5 times a power of
+    ten of MB, as size() prints them)."""
+    mb = 1024 * 1024
+    return _nice_max(value / mb) * mb
+
+
 def line_chart(series: Sequence[Series], *, title: str, x_left: str, x_right: str,
-               y_format: Callable[[float], str] = lambda v: f"{v:g}", width: int = 640,
+               y_format: Callable[[float], str] = lambda v: f"{v:g}",
+               y_ceiling: Callable[[float], float] = _nice_max, width: int = 640,
                height: int = 150, area: bool = False) -> Markup:
     """A line chart of equally spaced points; None values leave gaps."""
     count = max((len(values) for _, values, _ in series), default=0)
     known = [v for _, values, _ in series for v in values if v is not None]
-    top = _nice_max(max(known)) if known else 1.0
+    top = y_ceiling(max(known)) if known and max(known) > 0 else 1.0
     plot_w = width - PAD_LEFT - PAD_RIGHT
     plot_h = height - PAD_TOP - PAD_BOTTOM
 
@@ -58,8 +67,7 @@ def line_chart(series: Sequence[Series], *, title: str, x_left: str, x_right: st
     def y(v: float) -> float:
         return PAD_TOP + plot_h - plot_h * min(v, top) / top
 
-    parts = [f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" '
-             f'preserveAspectRatio="none" aria-label="{escape(title)}">',
+    parts = [f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
              f"<title>{escape(title)}</title>"]
     for fraction in (0.0, 0.5, 1.0):
         gy = y(top * fraction)

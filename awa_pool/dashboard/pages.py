@@ -53,7 +53,7 @@ def throughput_chart(series: Throughput) -> Any:
         [("completed per minute", series.completed, "ok"), ("failed per minute", series.failed, "bad"),
          ("cancelled per minute", series.cancelled, "muted")],
         title="Jobs finished per minute, last hour", x_left="60 min ago", x_right="now",
-        y_format=lambda v: f"{v:,.0f}", area=True, height=140)
+        y_format=lambda v: f"{v:,.0f}", area=True, width=1360, height=170)
 
 
 def _overview_context() -> Dict[str, Any]:
@@ -64,27 +64,30 @@ def _overview_context() -> Dict[str, Any]:
     return {"view": view, "chart": throughput_chart(view.total_throughput), "sparks": sparks}
 
 
+SMALL = {"width": 330, "height": 130}   # the kinds page draws four charts side by side
+
+
 def kind_charts(trend: kind_reads.KindTrend, window: str) -> Dict[str, Any]:
     left = f"{window} ago"
     return {
         "wall": charts.line_chart(
             [("wall p50", trend.series("wall", 0.5), "ok"), ("wall p95", trend.series("wall", 0.95), "warn")],
             title=f"{trend.kind}: wall time p50 and p95", x_left=left, x_right="now",
-            y_format=_seconds, height=110),
+            y_format=_seconds, **SMALL),
         "cpu": charts.line_chart(
             [("CPU p50", trend.series("cpu", 0.5), "ok"), ("CPU p95", trend.series("cpu", 0.95), "warn")],
             title=f"{trend.kind}: CPU time p50 and p95", x_left=left, x_right="now",
-            y_format=_seconds, height=110),
+            y_format=_seconds, **SMALL),
         "rss": charts.line_chart(
             [("peak RSS p50", trend.series("rss", 0.5), "ok"), ("peak RSS p95", trend.series("rss", 0.95), "warn")],
             title=f"{trend.kind}: peak RSS p50 and p95", x_left=left, x_right="now",
-            y_format=_size, height=110),
+            y_format=_size, y_ceiling=charts.nice_bytes, **SMALL),
         "runs": charts.line_chart(
             [("attempts", [b.attempts for b in trend.buckets], "ok"),
              ("failures", [b.failures for b in trend.buckets], "bad"),
              ("crashes + timeouts", [b.crashes + b.timeouts for b in trend.buckets], "warn")],
             title=f"{trend.kind}: attempts and failures per slice", x_left=left, x_right="now",
-            y_format=lambda v: f"{v:,.0f}", height=110),
+            y_format=lambda v: f"{v:,.0f}", **SMALL),
     }
 
 

@@ -195,19 +195,20 @@ def jobs_page(conn: Any, filt: JobFilter, known_queues: Sequence[str],
 
 def live_matching(conn: Any, filt: JobFilter) -> Tuple[int, Optional[int]]:
     """How many not-yet-terminal jobs the filter selects, and their highest id."""
+    params = dict(filt.params(), max_id=None, cancel=False, reason=None)
     with cursor_for(conn) as cur:
-        cur.execute(QUERIES["dash_live_matching"], filt.params())
-        n, max_id = cur.fetchone()
+        cur.execute(QUERIES["dash_live_matching"], params)
+        n, max_id, _ = cur.fetchone()
     return int(n), max_id
 
 
 def cancel_matching(conn: Any, filt: JobFilter, max_id: int, reason: str) -> int:
-    """Cancel every not-yet-terminal job the filter selects with id <= max_id."""
-    params = filt.params()
-    params.update(max_id=max_id, reason=reason)
+    """Cancel every not-yet-terminal job the filter selects with id <= max_id;
+    returns how many were cancelled."""
+    params = dict(filt.params(), max_id=max_id, cancel=True, reason=reason)
     with cursor_for(conn) as cur:
-        cur.execute(QUERIES["dash_cancel_matching"], params)
-        return int(cur.fetchone()[0])
+        cur.execute(QUERIES["dash_live_matching"], params)
+        return int(cur.fetchone()[2])
 
 
 @dataclass(frozen=True)

@@ -118,38 +118,32 @@ WITH RECURSIVE search AS (
 SELECT s.found FROM search s WHERE s.low > s.high
 
 -- name: dash_live_matching
--- How many not-yet-terminal jobs a cancel-by-filter would touch, and the
--- highest id among them (the action stops there, so jobs enqueued after
--- the operator saw the count are left alone).
-SELECT count(*) AS n, max(j.id) AS max_id
-  FROM (SELECT id, queue, kind, tags, state, created_at FROM awa.jobs_hot
-        UNION ALL
-        SELECT id, queue, kind, tags, state, created_at FROM awa.jobs_deferred) j
- WHERE (%(state)s::text IS NULL OR j.state = %(state)s::awa.job_state)
-   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
-   AND (%(kind)s::text IS NULL OR j.kind = %(kind)s::text)
-   AND (%(tag)s::text IS NULL OR j.tags @> ARRAY[%(tag)s::text])
-   AND (%(older_than_s)s::double precision IS NULL
-        OR j.created_at < now() - make_interval(secs => %(older_than_s)s::double precision))
-   AND (%(newer_than_s)s::double precision IS NULL
-        OR j.created_at >= now() - make_interval(secs => %(newer_than_s)s::double precision))
-
--- name: dash_cancel_matching
--- Cancel every not-yet-terminal job the filter selects, up to max_id,
--- through awa.cancel_job (the same path as one cancel). Returns how many.
-SELECT count(*) FILTER (WHERE awa.cancel_job(j.id, %(reason)s) = 'cancelled') AS cancelled
-  FROM (SELECT id, queue, kind, tags, state, created_at FROM awa.jobs_hot
-        UNION ALL
-        SELECT id, queue, kind, tags, state, created_at FROM awa.jobs_deferred) j
- WHERE j.id <= %(max_id)s::bigint
-   AND (%(state)s::text IS NULL OR j.state = %(state)s::awa.job_state)
-   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
-   AND (%(kind)s::text IS NULL OR j.kind = %(kind)s::text)
-   AND (%(tag)s::text IS NULL OR j.tags @> ARRAY[%(tag)s::text])
-   AND (%(older_than_s)s::double precision IS NULL
-        OR j.created_at < now() - make_interval(secs => %(older_than_s)s::double precision))
-   AND (%(newer_than_s)s::double precision IS NULL
-        OR j.created_at >= now() - make_interval(secs => %(newer_than_s)s::double precision))
+-- The not-yet-terminal jobs a cancel-by-filter selects: how many, and the
+-- highest id among them; with `cancel`, also cancels those up to max_id
+-- through awa.cancel_job (the path of a single cancel) and counts them.
+-- The confirmation page counts without cancelling; the action then stops
+-- at the id the operator saw, so jobs enqueued since are left alone.
+WITH matching AS (
+    SELECT j.id
+      FROM (SELECT id, queue, kind, tags, state, created_at FROM awa.jobs_hot
+            UNION ALL
+            SELECT id, queue, kind, tags, state, created_at FROM awa.jobs_deferred) j
+     WHERE (%(max_id)s::bigint IS NULL OR j.id <= %(max_id)s::bigint)
+       AND (%(state)s::text IS NULL OR j.state = %(state)s::awa.job_state)
+       AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+       AND (%(kind)s::text IS NULL OR j.kind = %(kind)s::text)
+       AND (%(tag)s::text IS NULL OR j.tags @> ARRAY[%(tag)s::text])
+       AND (%(older_than_s)s::double precision IS NULL
+            OR j.created_at < now() - make_interval(secs => %(older_than_s)s::double precision))
+       AND (%(newer_than_s)s::double precision IS NULL
+            OR j.created_at >= now() - make_interval(secs => %(newer_than_s)s::double precision))
+),
+cancelled AS (
+    SELECT awa.cancel_job(m.id, %(reason)s) AS state FROM matching m WHERE %(cancel)s
+)
+SELECT (SELECT count(*) FROM matching) AS n,
+       (SELECT max(m.id) FROM matching m) AS max_id,
+       (SELECT count(*) FROM cancelled c WHERE c.state = 'cancelled') AS cancelled
 
 -- name: dash_throughput
 -- Jobs that reached a terminal state per minute since `since` (epoch
