@@ -143,17 +143,22 @@ class TcpProxy:
             s.close()
 
 
-def start_dashboard(processes: Any, dsn: str, *args: str, env: Optional[Dict[str, str]] = None,
+def start_dashboard(processes: Any, dsn: Optional[str], *args: str, env: Optional[Dict[str, str]] = None,
                     timeout: float = 30.0) -> str:
     """Run the real `awa-pool dashboard --port 0 ...` and return its base URL
-    (read from the line it prints once it listens)."""
+    (read from the line it prints once it listens). dsn None: no URL at all
+    (the embedded server)."""
     import sys
     import time
 
-    from cli_run import cli_env
+    from cli_run import URL_VARS, cli_env
 
-    proc = processes.start([sys.executable, "-m", "awa_pool", "dashboard", "--port", "0",
-                            "--database-url", dsn, *args], env=cli_env(env), name="dashboard")
+    url_args = ["--database-url", dsn] if dsn else []
+    full_env = cli_env(env)
+    if dsn is None:   # Processes.start begins from os.environ: blank the URL variables explicitly
+        full_env.update({name: "" for name in URL_VARS})
+    proc = processes.start([sys.executable, "-m", "awa_pool", "dashboard", "--port", "0", *url_args, *args],
+                           env=full_env, name="dashboard")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         log = proc.log_path.read_text(errors="replace")

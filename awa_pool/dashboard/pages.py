@@ -130,7 +130,8 @@ def register(app: Flask, *, token: Optional[str]) -> None:
             page = reads.job_page(conn, job_id)
         if page is None:
             abort(404, f"no job with id {job_id}")
-        return render_template("job.html", page=page, job=page.record, notice=notice())
+        return render_template("job.html", page=page, job=page.record, notice=notice(),
+                               members_cap=reads.BATCH_MEMBERS_SHOWN)
 
     @app.get("/jobs/cancel")
     def cancel_confirm() -> str:

@@ -27,7 +27,6 @@ PAGE_SIZE = 50                 # jobs per page of the jobs and DLQ lists
 BATCH_MEMBERS_SHOWN = 100
 AGE_SLACK_S = 600.0            # how far creation order may stray from id order (see jobs_page_params)
 TERMINAL = {state.value for state in TERMINAL_STATES}
-LIVE_STATES = [state for state in ALL_STATES if state not in TERMINAL]
 
 
 class BadFilter(ValueError):
