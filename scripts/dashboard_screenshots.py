@@ -67,7 +67,6 @@ def photograph(base: str, url: str, out: Path) -> None:
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
 
     conn = psycopg2.connect(url)
     with conn, conn.cursor() as cur:
@@ -86,14 +85,18 @@ def photograph(base: str, url: str, out: Path) -> None:
         shots = [("overview", "/"), ("jobs", "/jobs"), ("job", f"/jobs/{failed}"), ("kinds", "/kinds"),
                  ("cron", "/cron")]
         for name, path in shots:
-            driver.set_window_size(1440, 900)
+            # the page's own size, not the window's: headless chromium's
+            # window includes space that is not viewport
+            metrics = {"width": 1440, "height": 300, "deviceScaleFactor": 1, "mobile": False}
+            driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
             driver.get(base + path)
             time.sleep(0.5)
             height = driver.execute_script("return document.documentElement.scrollHeight")
             # the jobs list is long: its first rows say enough
-            driver.set_window_size(1440, min(max(height, 600), 1000 if name == "jobs" else 2400))
+            metrics["height"] = min(height, 1000 if name == "jobs" else 2400)
+            driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
             time.sleep(0.3)
-            driver.find_element(By.TAG_NAME, "body").screenshot(str(out / f"dashboard-{name}.png"))
+            driver.save_screenshot(str(out / f"dashboard-{name}.png"))
             print(f"docs/img/dashboard-{name}.png")
     finally:
         driver.quit()
@@ -107,7 +110,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=8.0, help="how long to feed the pool")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--keep", action="store_true", help="keep the database (and the pool running)")
-    parser.add_argument("--reuse", action="store_true", help="photograph a database kept by --keep")
+    parser.add_argument("--reuse", action="store_true",
+                        help="feed and photograph a database kept by --keep (give --minutes)")
     args = parser.parse_args()
 
     out = ROOT / "docs" / "img"
@@ -121,8 +125,8 @@ def main() -> None:
                              "-w", str(args.workers), "--log-level", "warning"], env=env, cwd=str(EXAMPLES))
     dashboard = None
     try:
+        feed(url, args.minutes)   # with --reuse too: the pool is busy when photographed
         if not args.reuse:
-            feed(url, args.minutes)
             conn = psycopg2.connect(url)
             with conn:   # a paused queue with work waiting, as an operator would see it
                 awa_pool.pause_queue(conn, "default")
