@@ -23,8 +23,8 @@ import typer
 
 from . import cli_output as out
 from . import db
-from .cli_common import (DB_URL, JSON_OUT, UserError, connection, duration, emit_json, parse_json_object,
-                         resolve_url, say)
+from .cli_common import (DB_URL, JSON_OUT, UserError, connection, duration, emit_json, note,
+                         parse_json_object, resolve_url, say)
 from .cli_jobs import dlq_app, jobs_app
 from .cli_queues import cron_app, queues_app
 from .config import PoolConfig
