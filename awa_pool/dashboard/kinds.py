@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..db import cursor_for
+from ..drivers import cursor_for
 from ..job import check_name
 from ..sql import QUERIES
 

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..admin import ALL_STATES, get_job
 from ..config import parse_duration
-from ..db import cursor_for
+from ..drivers import cursor_for
 from ..errors import ConfigError
 from ..job import TERMINAL_STATES, JobRecord, check_name
 from ..periodic_admin import ScheduleInfo, list_schedules

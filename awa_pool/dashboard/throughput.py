@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
-from ..db import cursor_for
+from ..drivers import cursor_for
 from ..sql import QUERIES
 
 MINUTES = 60              # the chart's span
