@@ -81,6 +81,15 @@ class TcpProxy:
         self._sockets: List[socket.socket] = []
         self._lock = threading.Lock()
 
+    def _connect_upstream(self) -> socket.socket:
+        host, port = self.upstream
+        if host.startswith("/"):  # a Unix-socket server (the embedded one)
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.settimeout(5)
+            server.connect(f"{host}/.s.PGSQL.{port}")
+            return server
+        return socket.create_connection(self.upstream, timeout=5)
+
     def start(self) -> "TcpProxy":
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -98,7 +107,7 @@ class TcpProxy:
             except OSError:
                 return
             try:
-                server = socket.create_connection(self.upstream, timeout=5)
+                server = self._connect_upstream()
             except OSError:
                 client.close()
                 continue

@@ -49,7 +49,7 @@ def _scans(plan: Dict[str, Any]) -> Iterator[Dict[str, Any]]:
 
 def seq_scanned(conn: Any, name: str, params: Dict[str, Any]) -> List[str]:
     with conn.cursor() as cur:
-        cur.execute("SET jit = off")
+        cur.execute(QUERIES["dash_session_setup"])  # as every dashboard connection is set up
         cur.execute("EXPLAIN (FORMAT JSON) " + cur.mogrify(QUERIES[name], params).decode())
         plan = cur.fetchone()[0]
         conn.rollback()

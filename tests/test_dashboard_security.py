@@ -10,6 +10,8 @@ import urllib.error
 import urllib.request
 from urllib.parse import urlsplit
 
+import psycopg2
+import psycopg2.extensions
 import pytest
 
 import awa_pool
@@ -126,10 +128,10 @@ def test_no_page_or_error_shows_the_connection_string(dsn):
 
 
 def test_database_away_gives_503_and_the_dashboard_recovers_by_itself(dsn):
-    parts = urlsplit(dsn)
-    proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432).start()
+    server = psycopg2.extensions.parse_dsn(dsn)  # the embedded server's host is a socket directory
+    proxy = TcpProxy(server.get("host", "127.0.0.1"), int(server.get("port", 5432))).start()
     try:
-        proxied = dsn.replace(parts.netloc, f"{parts.username or 'postgres'}@127.0.0.1:{proxy.port}")
+        proxied = psycopg2.extensions.make_dsn(dsn, host="127.0.0.1", port=proxy.port)
         client = create_app(proxied).test_client()
         assert client.get("/").status_code == 200
         proxy.stop()

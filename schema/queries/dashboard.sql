@@ -298,9 +298,13 @@ SELECT d.id, d.kind, d.queue, d.attempt, d.max_attempts, d.created_at, d.finaliz
 -- name: dash_session_setup
 -- Every dashboard connection: no page may hold the database for long, and
 -- no page pays for JIT compilation (these queries are short; compiling the
--- plans of a partitioned history costs more than running them).
+-- plans of a partitioned history costs more than running them). Every page
+-- is written to read through indexes; sequential scans are off so that the
+-- planner cannot judge a small history cheaper to read whole and keep that
+-- plan as it grows (PostgreSQL 18 did, for the skip scan over kinds).
 SET statement_timeout = '10s';
-SET jit = off
+SET jit = off;
+SET enable_seqscan = off
 
 -- name: dash_dlq_count
 -- How many dead-lettered jobs a retry-all or purge-all would touch.
