@@ -9,6 +9,7 @@ from .config import PoolConfig, QueueConfig
 from .context import JobContext, WaitForCallback, current_context
 from .errors import (AwaError, Cancel, ConfigError, DatabaseUnavailable, PayloadTooLarge, Retry,
                      SchemaMissing, Snooze, UnknownCallback, UnknownJob)
+from .hooks import OutcomeEvent, PoolInfo
 from .job import DEFAULT_UNIQUE_STATES, Job, JobRecord, JobState, Unique
 from .migrate import migrate
 from .periodic import periodic
@@ -23,9 +24,9 @@ __all__ = [
     "fail_external", "get_job", "list_jobs", "pause_queue", "queue_stats", "resume_external",
     "resume_queue", "retry_external", "retry_job", "set_queue_shards", "wait",
     "AwaError", "Batch", "Cancel", "ConfigError", "DEFAULT_UNIQUE_STATES", "DatabaseUnavailable",
-    "Job", "JobContext", "JobRecord", "JobState", "PayloadTooLarge", "Pool", "PoolConfig",
-    "QueueConfig", "Retry", "SchemaMissing", "Snooze", "Task", "Unique", "UnknownCallback",
-    "UnknownJob", "WaitForCallback", "__version__", "current_context", "enqueue",
+    "Job", "JobContext", "JobRecord", "JobState", "OutcomeEvent", "PayloadTooLarge", "Pool",
+    "PoolConfig", "PoolInfo", "QueueConfig", "Retry", "SchemaMissing", "Snooze", "Task", "Unique",
+    "UnknownCallback", "UnknownJob", "WaitForCallback", "__version__", "current_context", "enqueue",
     "enqueue_batch", "enqueue_many", "migrate", "on_child_start", "periodic", "task",
     "QueueDepth", "queue_depth",
 ]

@@ -23,6 +23,7 @@ from .execute import run as run_job
 from .protocol import (DONE, LOW, PROGRESS, READY, REPLY, REQUEST, RUN, STOP, ClaimedJob, Outcome,
                        StatusBlock, recv_blocking, send)
 from .tasks import child_start_hooks
+from .tracing import flush as flush_spans
 
 EXIT_HOOK_FAILED = 73   # an on_child_start hook raised: the supervisor must not respawn
 FLUSH_AFTER_S = 0.002   # send buffered outcomes at least this often during a batch
@@ -264,6 +265,7 @@ def child_main(parent_pid: int, down_fd: int, up_fd: int, status: StatusBlock,
         finally:
             os._exit(70)
     try:
+        flush_spans()  # os._exit skips the tracing SDK's own flush at exit
         sys.stdout.flush()
         sys.stderr.flush()
     finally:

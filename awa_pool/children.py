@@ -20,6 +20,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 import multiprocess
 
 from .child import EXIT_HOOK_FAILED, child_main
+from .inflight import Finished, InFlight
 from .protocol import (DONE, LOW, PROGRESS, READY, REQUEST, RUN, STOP, ClaimedJob, FrameReader, Outbox,
                        Outcome, StatusBlock, frames)
 
@@ -29,18 +30,6 @@ TAKE_BACK_AFTER_S = 0.1   # jobs queued behind one running longer than this are 
 OVERDUE_RETRY_S = 0.02    # an overdue check that could not act is retried this soon, not spun on
 
 _fork = multiprocess.get_context("fork")
-
-
-@dataclass
-class InFlight:
-    """A job handed to a child and not yet reported back."""
-
-    id: int
-    lease: int
-    kind: str
-    queue: str
-    timeout_s: Optional[float]
-    position: int  # in the child's stream of jobs (see StatusBlock.skip)
 
 
 @dataclass
@@ -60,6 +49,7 @@ class ChildHandle:
     ready: bool = False
     queue: Optional[str] = None
     inflight: List[InFlight] = field(default_factory=list)
+    taken_back: Dict[int, InFlight] = field(default_factory=dict)  # until it reports them released
     tasks_done: int = 0
     rss: Optional[int] = None
     stopping: bool = False
@@ -119,10 +109,9 @@ class Reaped:
     """A dead child's last word: outcomes it sent before dying plus one for
     each job it still held, its exit code and the death in words."""
 
-    outcomes: List[Outcome]
+    outcomes: List[Finished]
     exitcode: Optional[int]
     cause: str
-    queue: Optional[str]
     expected: bool              # it exited after being asked to stop
     kill_reason: Optional[Tuple[str, str]]
 
@@ -254,8 +243,8 @@ class Children:
         """Send a batch of claimed jobs to a child (idle, or asking for a refill)."""
         child.queue = queue
         start = child.next_position
-        child.inflight.extend(InFlight(job.id, job.lease, job.kind, job.queue, job.timeout_s, start + i)
-                              for i, job in enumerate(jobs))
+        child.inflight.extend(InFlight(job.id, job.lease, job.kind, job.queue, job.timeout_s, start + i,
+                                       job.attempt) for i, job in enumerate(jobs))
         child.next_position = start + len(jobs)
         child.refill_wanted = False
         shortest = min((job.timeout_s for job in jobs if job.timeout_s), default=None)
@@ -293,22 +282,23 @@ class Children:
         except OSError:
             child.outbox.clear()
 
-    def read(self, child: ChildHandle) -> Tuple[List[Outcome], List[tuple]]:
-        """Messages from a child: (outcomes reported, other messages)."""
-        outcomes: List[Outcome] = []
+    def read(self, child: ChildHandle) -> Tuple[List[Finished], List[tuple]]:
+        """Messages from a child: (outcomes reported with their jobs, other messages)."""
+        outcomes: List[Finished] = []
         others: List[tuple] = []
         for message in child.reader.read_available():
             tag = message[0]
             if tag == DONE:
                 reported = message[1]
                 child.rss = message[2]
-                done_ids = {o.job_id for o in reported}
-                child.inflight = [job for job in child.inflight if job.id not in done_ids]
+                held = {job.id: job for job in child.inflight}
+                outcomes.extend(Finished(o, held.pop(o.job_id, None) or child.taken_back.pop(o.job_id, None))
+                                for o in reported)
+                child.inflight = list(held.values())
                 if not child.inflight:
                     child.refill_wanted = False  # idle: the planner hands it out again
                     child.shortest_timeout = None
                 child.tasks_done += sum(1 for o in reported if o.outcome != "released")
-                outcomes.extend(reported)
             elif tag == READY:
                 child.ready = True
             elif tag == LOW:
@@ -386,6 +376,7 @@ class Children:
         stolen = [job for job in child.inflight if job.position >= first]
         child.inflight = [job for job in child.inflight if job.position < first]
         child.refill_wanted = False
+        child.taken_back.update((job.id, job) for job in stolen)
         released.outcomes.extend(Outcome(job.id, job.lease, "released") for job in stolen)
         released.queues.update(job.queue for job in stolen)
         if stolen:
@@ -479,13 +470,13 @@ class Children:
                     outcome, error = child.kill_reason
                 else:
                     outcome, error = "crash", cause
-                outcomes.append(Outcome(job.id, job.lease, outcome, error=error))
+                outcomes.append(Finished(Outcome(job.id, job.lease, outcome, error=error), job))
             else:
-                outcomes.append(Outcome(job.id, job.lease, "released"))
+                outcomes.append(Finished(Outcome(job.id, job.lease, "released"), job))
         child.inflight = []
         self._close(child)
         del self.by_slot[child.slot]
-        return Reaped(outcomes, exitcode, cause, child.queue, child.stopping, child.kill_reason)
+        return Reaped(outcomes, exitcode, cause, child.stopping, child.kill_reason)
 
     def _close(self, child: ChildHandle) -> None:
         for fd in (child.down_fd, child.up_fd):

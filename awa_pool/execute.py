@@ -17,6 +17,7 @@ from .errors import Cancel, Retry, Snooze
 from .job import check_json
 from .protocol import ClaimedJob, Outcome
 from .tasks import Task, registered
+from .tracing import attempt_span
 
 TRACEBACK_MAX_CHARS = 8000
 ERROR_MAX_CHARS = 2000
@@ -81,6 +82,7 @@ def _args_rejected(task: Task, ctx: Optional[JobContext], args: Dict[str, Any]) 
     return None
 
 
+@attempt_span  # in an OpenTelemetry span when the package is there
 def run(job: ClaimedJob, channel: Channel, *, result_max_bytes: int = 1024 * 1024) -> Outcome:
     """Run the job's handler once; never raises (except BaseExceptions that
     must end the process, like KeyboardInterrupt)."""

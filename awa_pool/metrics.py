@@ -18,7 +18,6 @@ import logging
 import socket
 import threading
 import time
-from collections import OrderedDict
 from typing import Any, Dict, Iterable, List, Optional
 
 import psycopg2
@@ -27,7 +26,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .db import connect, first_line
 from .errors import AwaError
-from .protocol import ClaimedJob, Outcome
+from .hooks import chain
+from .inflight import Finished
+from .protocol import ClaimedJob
 from .sql import QUERIES
 from .stats import queue_stats
 from .version import __version__
@@ -35,7 +36,6 @@ from .version import __version__
 log = logging.getLogger(__name__)
 
 QUEUE_REFRESH_S = 5.0          # queue gauges hit the database at most this often
-INFLIGHT_CAP = 100_000         # job id -> kind memory for outcomes; bounded in case one is lost
 PICKUP_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 RUN_BUCKETS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
@@ -89,7 +89,6 @@ class Metrics:
         self.db_back = Counter("awa_db_reconnects", "Times the supervisor reconnected after a loss.",
                                registry=self.registry)
         self.registry.register(_LiveCollector(self))
-        self._kinds: "OrderedDict[int, str]" = OrderedDict()
         self._children: Dict[tuple, Any] = {}
         self._queue_lock = threading.Lock()
         self._queue_rows: List[Any] = []
@@ -114,12 +113,10 @@ class Metrics:
             self._child(self.started, queue, job.kind).inc()
             if job.run_at is not None:
                 self._child(self.pickup, queue).observe(max(0.0, now - float(job.run_at)))
-            self._kinds[job.id] = job.kind
-        while len(self._kinds) > INFLIGHT_CAP:
-            self._kinds.popitem(last=False)
 
-    def on_outcome(self, queue: str, outcome: Outcome) -> None:
-        kind = self._kinds.pop(outcome.job_id, None) or "unknown"
+    def on_outcome(self, finished: Finished) -> None:
+        outcome, job = finished.outcome, finished.job
+        queue, kind = (job.queue, job.kind) if job is not None else ("unknown", "unknown")
         name = outcome.outcome
         self._child(self.outcomes, queue, kind, name).inc()
         counter = OUTCOME_COUNTERS.get(name)
@@ -141,9 +138,9 @@ class Metrics:
     def install_hooks(self) -> None:
         """Set the supervisor's hooks, keeping any that were set before."""
         sup = self.supervisor
-        sup.on_claim = _chain(sup.on_claim, self.on_claim)
-        sup.on_outcome = _chain(sup.on_outcome, self.on_outcome)
-        sup.on_event = _chain(sup.on_event, self.on_event)
+        sup.on_claim = chain(sup.on_claim, self.on_claim)
+        sup.on_outcome = chain(sup.on_outcome, self.on_outcome)
+        sup.on_event = chain(sup.on_event, self.on_event)
 
     # -- scrape side ------------------------------------------------------------
     def queue_rows(self) -> List[Any]:
@@ -188,17 +185,6 @@ class Metrics:
         if self.thread is not None:
             self.thread.join(timeout=5)
             self.thread = None
-
-
-def _chain(first: Any, second: Any) -> Any:
-    if first is None:
-        return second
-
-    def both(*args: Any) -> None:
-        first(*args)
-        second(*args)
-
-    return both
 
 
 class _LiveCollector:

@@ -14,6 +14,7 @@ from .drivers import cursor_for
 from .job import Job
 from .sql import QUERIES
 from .tasks import apply_task_defaults
+from .tracing import producer_span, stamp
 
 # Jobs per insert_jobs statement: large enough to amortize the round trip,
 # small enough to keep one statement's memory modest.
@@ -34,7 +35,7 @@ class Batch:
 def _check_job(job: Any) -> Job:
     if not isinstance(job, Job):
         raise TypeError(f"expected an awa_pool.Job, got {type(job).__name__}")
-    return apply_task_defaults(job)
+    return stamp(apply_task_defaults(job))  # the trace context, inside a traced enqueue
 
 
 def _single_params(job: Job, *, batch_id: Optional[int] = None, hold: bool = False,
@@ -49,6 +50,7 @@ def _single_params(job: Job, *, batch_id: Optional[int] = None, hold: bool = Fal
     }
 
 
+@producer_span("enqueue")
 def enqueue(conn: Any, job: Job) -> int:
     """Insert one job in the connection's current transaction; returns its id.
 
@@ -64,6 +66,7 @@ def enqueue(conn: Any, job: Job) -> int:
         return cur.fetchone()[0]
 
 
+@producer_span("enqueue_many")
 def enqueue_many(conn: Any, jobs: Iterable[Job]) -> List[int]:
     """Insert many jobs in one round trip per 5,000; ids come back in input order."""
     checked = [_check_job(job) for job in jobs]
@@ -96,6 +99,7 @@ def _insert_many(cur: Any, jobs: Sequence[Job], batch_id: Optional[int]) -> List
     return ids
 
 
+@producer_span("enqueue_batch")
 def enqueue_batch(conn: Any, jobs: Iterable[Job], then: Optional[Job] = None) -> Batch:
     """Insert a batch of jobs and, with `then`, a follow-up job that becomes
     available exactly once, after every member reached a terminal state.

@@ -4,12 +4,12 @@ the children's pipes and process sentinels, and a signal wakeup fd.
 It imports the app once before forking, reserves idle children before
 claiming, claims one batch per queue plan, hands batches down the pipes,
 buffers outcomes and writes them in lease-guarded batches. Signal handlers
-only record the signal; the loop acts on it. A lost database connection is
-retried with backoff while the children keep running.
+only record the signal; the loop acts on it (see signals.py, which also
+chains a host program's handlers). A lost database connection is retried
+with backoff while the children keep running.
 """
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -31,12 +31,14 @@ from .claimer import Claimer
 from .config import PoolConfig, QueueConfig
 from .db import describe, socket_of
 from .errors import AwaError, ConfigError
+from .inflight import Finished
 from .leader import Leader
 from .maintenance import Maintenance, default_services
 from .registration import read_queue_settings
 from .session import Session
 from .protocol import PROGRESS, REPLY, REQUEST, ClaimedJob, Outcome
 from .requests import answer as answer_request
+from .signals import SignalRelay
 from .sql import QUERIES
 from .tasks import all_tasks, import_app
 from .version import __version__
@@ -70,8 +72,7 @@ class Supervisor:
         self.claimer = Claimer(config, self.children, self._db, lambda: self.session.connected,
                                self._claimed)
         self.leader: Optional[Leader] = None
-        self.signals: List[int] = []
-        self.wakeup_r = self.wakeup_w = -1
+        self.signals = SignalRelay()
         self.exit_code = 0
         self.fatal: Optional[str] = None
         self.drain_deadline: Optional[float] = None
@@ -83,7 +84,7 @@ class Supervisor:
         self.next_reconcile = now + RECONCILE_INTERVAL_S
         # Observability hooks (metrics): called in the loop, must be cheap.
         self.on_claim: Optional[Callable[[str, List[ClaimedJob]], None]] = None
-        self.on_outcome: Optional[Callable[[str, Outcome], None]] = None
+        self.on_outcome: Optional[Callable[[Finished], None]] = None
         self.on_event: Optional[Callable[[str, Dict[str, Any]], None]] = None
         self.counters: Dict[str, int] = {}
 
@@ -137,22 +138,11 @@ class Supervisor:
         self._apply_settings(registration.shards, registration.paused)
 
     def _install_signals(self) -> None:
-        self.wakeup_r, self.wakeup_w = os.pipe()
-        os.set_blocking(self.wakeup_r, False)
-        os.set_blocking(self.wakeup_w, False)
-        signal.set_wakeup_fd(self.wakeup_w, warn_on_full_buffer=False)
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGCHLD):
-            signal.signal(signum, self._record_signal)
-        self.selector.register(self.wakeup_r, selectors.EVENT_READ, ("wakeup", None))
-
-    def _record_signal(self, signum: int, frame: Any) -> None:
-        # Only record: the loop acts on it (no logging or I/O in a handler).
-        if signum != signal.SIGCHLD:
-            self.signals.append(signum)
+        self.selector.register(self.signals.install(), selectors.EVENT_READ, ("wakeup", None))
 
     def _inherited_fds(self) -> Tuple[List[int], List[int]]:
         """(fds a new child must close, database sockets it must neutralize)."""
-        close = [fd for fd in (self.wakeup_r, self.wakeup_w) if fd >= 0]
+        close = [fd for fd in (self.signals.read_fd, self.signals.write_fd) if fd >= 0]
         sockets = []
         conns = (self.leader.conn if self.leader else None, self.completer.conn)
         sockets = self.session.sockets() + [fd for fd in map(socket_of, conns) if fd is not None]
@@ -195,7 +185,7 @@ class Supervisor:
             elif kind == "notify":
                 self._on_notify()
             elif kind == "wakeup":
-                self._drain_wakeup()
+                self.signals.drain_wakeup()
         self._handle_signals()
         now = time.monotonic()
         self._enforce_deadlines(now)
@@ -250,7 +240,7 @@ class Supervisor:
             return
         outcomes, others = self.children.read(child)
         if outcomes:
-            self._record_outcomes(child.queue, outcomes)
+            self._record_outcomes(outcomes)
         for message in others:
             if message[0] == PROGRESS:
                 self.completer.add_progress(message[1], message[2], message[3])
@@ -263,14 +253,15 @@ class Supervisor:
                 self._count("recycled")
                 self._event("recycle", {"pid": child.pid, "reason": reason})
 
-    def _record_outcomes(self, queue: Optional[str], outcomes: List[Outcome]) -> None:
-        self.completer.add(outcomes, more_coming=self.children.any_busy())
-        for outcome in outcomes:
-            if queue and outcome.outcome in ("completed", "failed", "retry", "snooze", "cancel"):
-                self.claimer.record_job_time(queue, outcome.wall_s)
+    def _record_outcomes(self, outcomes: List[Finished]) -> None:
+        self.completer.add([finished.outcome for finished in outcomes], more_coming=self.children.any_busy())
+        for finished in outcomes:
+            outcome, job = finished.outcome, finished.job
+            if job and outcome.outcome in ("completed", "failed", "retry", "snooze", "cancel"):
+                self.claimer.record_job_time(job.queue, outcome.wall_s)
             self._count(outcome.outcome)
             if self.on_outcome is not None:
-                self.on_outcome(queue or "", outcome)
+                self.on_outcome(finished)
 
     def _on_child_exit(self, child: ChildHandle) -> None:
         if not self.children.current(child):
@@ -282,17 +273,18 @@ class Supervisor:
                 pass
         self._unwatch_writes(child)
         reaped = self.children.reap(child)
-        self._record_outcomes(reaped.queue, reaped.outcomes)
+        self._record_outcomes(reaped.outcomes)
         if reaped.exitcode == EXIT_HOOK_FAILED:
             self.fatal = "an on_child_start hook failed in a new child (see its traceback above)"
             log.error("%s; stopping instead of respawning", self.fatal)
             self.exit_code = 3
+            self._event("stopping", {"reason": self.fatal})
             self._begin_stop()
         elif reaped.expected and reaped.exitcode == 0:
             log.debug("child %d exited after its stop request", child.pid)
         else:
-            victim = next((o.job_id for o in reaped.outcomes if o.outcome not in ("released", "completed")),
-                          None)
+            victim = next((f.outcome.job_id for f in reaped.outcomes
+                           if f.outcome.outcome not in ("released", "completed")), None)
             cause = reaped.kill_reason[1] if reaped.kill_reason else reaped.cause
             how = "killed (%s)" if reaped.kill_reason else "died: %s"
             log.warning("child %d " + how + "%s", child.pid, cause,
@@ -417,46 +409,28 @@ class Supervisor:
             self.cancels.on_notified(cancels, time.monotonic())
 
     # -- signals and shutdown ------------------------------------------------------
-    def _drain_wakeup(self) -> None:
-        try:
-            while os.read(self.wakeup_r, 4096):
-                pass
-        except (BlockingIOError, InterruptedError):
-            pass
-        except OSError as exc:
-            if exc.errno != errno.EAGAIN:
-                raise
-
     def _handle_signals(self) -> None:
-        while self.signals:
-            signum = self.signals.pop(0)
+        for signum, name in self.signals.take():  # name None: a stop request, not a signal
             if signum == signal.SIGHUP:
                 log.info("SIGHUP ignored (restart the supervisor to reload the app)")
-                continue
-            name = signal.Signals(signum).name
-            if self.state == RUNNING:
-                log.info("%s: draining (no new jobs; waiting up to %gs for running ones)", name,
-                         self.config.shutdown_timeout)
-                self._begin_drain()
-            elif self.state == DRAINING:
+            elif self.state == RUNNING:
+                log.info("%s: draining (no new jobs; waiting up to %gs for running ones)",
+                         name or "stop requested", self.config.shutdown_timeout)
+                self._begin_drain(name or "stop requested")
+            elif self.state == DRAINING and name is not None:  # a repeated stop() does not escalate
                 log.warning("second %s: stopping now; running jobs go back to the queue", name)
                 self._begin_stop()
 
     def request_shutdown(self) -> None:
         """Start a graceful shutdown, as SIGTERM does (for embedding and tests);
         safe to call from another thread or a signal handler."""
-        self.signals.append(signal.SIGTERM)
-        if self.wakeup_w >= 0:
-            try:
-                os.write(self.wakeup_w, b"\0")
-            except OSError:
-                pass
+        self.signals.request_stop()
 
-    def _begin_drain(self) -> None:
+    def _begin_drain(self, reason: str) -> None:
         self.state = DRAINING
         self.drain_deadline = time.monotonic() + self.config.shutdown_timeout
         self._release(self.children.take_back_all("shutting down"))  # only running jobs finish
-        self._event("draining", {})
+        self._event("draining", {"reason": reason})
 
     def _begin_stop(self) -> None:
         """Kill whatever still runs; its jobs go back as available."""
@@ -500,14 +474,7 @@ class Supervisor:
             self.leader.stop()
         self.children.kill_all()
         self.session.close()
-        if self.wakeup_w >= 0:
-            try:
-                signal.set_wakeup_fd(-1)
-            except ValueError:
-                pass
-            for fd in (self.wakeup_r, self.wakeup_w):
-                os.close(fd)
-            self.wakeup_r = self.wakeup_w = -1
+        self.signals.restore()
         self.selector.close()
         if self.state == STOPPED:
             log.info("supervisor %s stopped", self.supervisor_id)

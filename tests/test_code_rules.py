@@ -83,9 +83,9 @@ def test_only_cli_prints_or_exits() -> None:
                     raise AssertionError(f"{name}.py calls sys.exit()")
 
 
-def test_only_supervisor_and_child_install_signal_handlers() -> None:
+def test_only_the_signal_relay_and_child_install_signal_handlers() -> None:
     for name, source in SOURCES.items():
-        if name in ("supervisor", "child"):
+        if name in ("signals", "child"):
             continue
         assert "signal.signal(" not in source, f"{name}.py installs a signal handler"
 

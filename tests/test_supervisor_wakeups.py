@@ -55,7 +55,7 @@ def _child(slot: int, jobs, shortest_timeout=None):
 
     child = ChildHandle(slot=slot, process=None, pid=0, down_fd=-1, up_fd=-1, reader=None, outbox=None,
                         status=StatusBlock(), recycle_after=None, ready=True)
-    child.inflight = [InFlight(job_id, 1, "k", "q", timeout, position)
+    child.inflight = [InFlight(job_id, 1, "k", "q", timeout, position, 1)
                       for position, (job_id, timeout) in enumerate(jobs)]
     child.shortest_timeout = shortest_timeout  # what Children.assign records
     return child
