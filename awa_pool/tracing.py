@@ -61,10 +61,13 @@ class _Otel:
         self.context, self.propagate, self.trace = context, propagate, trace
         self.SpanKind, self.Status, self.StatusCode = SpanKind, Status, StatusCode
         self.tracer = trace.get_tracer("awa_pool", __version__)
+        self.recording = False  # a global provider, once set, is never unset
 
     def can_record(self) -> bool:
         """Has a real (SDK) tracer provider been set?"""
-        return not isinstance(self.trace.get_tracer_provider(), self.trace.ProxyTracerProvider)
+        if not self.recording:
+            self.recording = not isinstance(self.trace.get_tracer_provider(), self.trace.ProxyTracerProvider)
+        return self.recording
 
     def produce(self, operation: str, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         if not self.can_record() and not self.trace.get_current_span().get_span_context().is_valid:
