@@ -10,8 +10,8 @@ no span active, no span is made either: it could record nothing.
 
 Producer side: enqueue, enqueue_many and enqueue_batch run inside a span
 of kind PRODUCER; every job they insert gets `traceparent` (and
-`tracestate`, when there is one) in its metadata, unless its metadata sets
-that key itself. Consumer side: each attempt runs inside a span of kind
+`tracestate`, when there is one) in its metadata, unless its metadata has
+a traceparent of its own. Consumer side: each attempt runs inside a span of kind
 CONSUMER (attributes awa.job.kind, .queue, .id, .attempt, .outcome,
 .cpu_seconds) that is current while the handler runs, so its own enqueues
 join the trace; it ends before the outcome leaves the child. Retries are
@@ -160,12 +160,13 @@ def producer_span(operation: str) -> Callable[[F], F]:
 
 
 def stamp(job: Job) -> Job:
-    """The job with the enqueue's trace context in its metadata (keys the
-    job's metadata sets itself win); the job itself outside a traced enqueue."""
+    """The job with the enqueue's trace context in its metadata; the job
+    itself outside a traced enqueue, or when its metadata names a
+    traceparent of its own (that context is kept, tracestate and all)."""
     carrier = _carrier.get()
-    if carrier is None or all(key in job.metadata for key in carrier):
+    if carrier is None or "traceparent" in job.metadata:
         return job
-    return job.replace(metadata=dict(carrier, **job.metadata))
+    return job.replace(metadata=dict(job.metadata, **carrier))
 
 
 def attempt_span(run: Callable[..., Outcome]) -> Callable[..., Outcome]:

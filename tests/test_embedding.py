@@ -84,15 +84,21 @@ def test_hooks_see_start_every_attempt_and_stop(processes, dsn: str, tmp_path: P
     assert record(dsn, added).state == "completed" and record(dsn, retried).state == "completed"
 
 
-def test_the_host_sigterm_handler_runs_and_is_back_after_run(processes, dsn: str, tmp_path: Path) -> None:
-    proc, events = _host(processes, dsn, tmp_path, "chain")
+def _sigterm_during_a_job(processes, dsn: str, tmp_path: Path, mode: str):
+    """Start the host, let a 2-second job start, SIGTERM the host, wait
+    for it to exit: (its exit code, its events, the job's id, its log)."""
+    proc, events = _host(processes, dsn, tmp_path, mode)
     _started(proc, events)
     job_id, = enqueue_jobs(dsn, [Job("sleep", {"seconds": 2.0})])
     wait_for(lambda: count_lines(tmp_path, "sleep_start") == 1, message="the sleep job to start")
-
     proc.send_signal(signal.SIGTERM)
-    assert _wait_exit(proc) == 0
-    got = _events(events)
+    code = _wait_exit(proc)
+    return code, _events(events), job_id, proc.log_path.read_text()
+
+
+def test_the_host_sigterm_handler_runs_and_is_back_after_run(processes, dsn: str, tmp_path: Path) -> None:
+    code, got, job_id, _ = _sigterm_during_a_job(processes, dsn, tmp_path, "chain")
+    assert code == 0
     host, = _named(got, "host_sigterm")
     assert host["signum"] == signal.SIGTERM and host["frame_is_none"]  # called from the loop, not the handler
     # The drain was not cut short by the host's pool.stop(): the job finished.
@@ -105,17 +111,11 @@ def test_the_host_sigterm_handler_runs_and_is_back_after_run(processes, dsn: str
 
 
 def test_a_host_handler_that_exits_waits_for_the_drain(processes, dsn: str, tmp_path: Path) -> None:
-    proc, events = _host(processes, dsn, tmp_path, "exit")
-    _started(proc, events)
-    job_id, = enqueue_jobs(dsn, [Job("sleep", {"seconds": 2.0})])
-    wait_for(lambda: count_lines(tmp_path, "sleep_start") == 1, message="the sleep job to start")
-
-    proc.send_signal(signal.SIGTERM)
-    assert _wait_exit(proc) == 7  # the host's sys.exit(7), raised by run() once the pool drained
+    code, got, job_id, log = _sigterm_during_a_job(processes, dsn, tmp_path, "exit")
+    assert code == 7  # the host's sys.exit(7), raised by run() once the pool drained
     assert record(dsn, job_id).state == "completed"
-    got = _events(events)
     assert len(_named(got, "host_sigterm")) == 1 and not _named(got, "after_run")
-    assert "raised again once the pool has stopped" in proc.log_path.read_text()
+    assert "raised again once the pool has stopped" in log
 
 
 def test_a_pool_in_another_thread_leaves_signals_alone(processes, dsn: str, tmp_path: Path) -> None:

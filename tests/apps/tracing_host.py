@@ -19,6 +19,7 @@ import sys
 import psycopg2
 
 MODE, DSN, OUT = sys.argv[1], sys.argv[2], sys.argv[3]
+OWN = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 class RefuseOpenTelemetry:
@@ -47,7 +48,9 @@ def enqueue_all(conn) -> dict:
         one = awa_pool.enqueue(conn, Job("retry_then_ok", {"times": 2, "delay": 0}))
         many = awa_pool.enqueue_many(conn, [Job("add", {"a": 1, "b": 2}), Job("add", {"a": 3, "b": 4})])
         batch = awa_pool.enqueue_batch(conn, [Job("add", {"a": 5, "b": 6})], then=Job("noop"))
-    return {"enqueue": one, "enqueue_many": many, "batch": list(batch.ids), "then": batch.then_id}
+        # its own context is kept (a queue no one serves here: it never runs)
+        own = awa_pool.enqueue(conn, Job("noop", queue="elsewhere", metadata={"traceparent": OWN}))
+    return {"enqueue": one, "enqueue_many": many, "batch": list(batch.ids), "then": batch.then_id, "own": own}
 
 
 def metadata_of(conn, ids) -> dict:
@@ -87,9 +90,9 @@ def main() -> None:
     if MODE == "inline":
         with conn:
             awa_pool.testing.drain(conn)
-    every = [ids["enqueue"], *ids["enqueue_many"], *ids["batch"], ids["then"]]
+    every = [ids["enqueue"], *ids["enqueue_many"], *ids["batch"], ids["then"], ids["own"]]
     with open(OUT, "w") as handle:
-        json.dump({"ids": ids, "metadata": metadata_of(conn, every),
+        json.dump({"ids": ids, "own": OWN, "metadata": metadata_of(conn, every),
                    "spans": [span_record(span) for span in exporter.get_finished_spans()]}, handle)
 
 
