@@ -31,6 +31,8 @@ import contextvars
 import functools
 import json
 import logging
+import os
+import time
 from typing import Any, Callable, Dict, Optional, TypeVar
 
 from .job import Job
@@ -42,6 +44,7 @@ log = logging.getLogger(__name__)
 CARRIER_KEYS = ("traceparent", "tracestate")
 FAILED_OUTCOMES = frozenset({"failed", "fatal"})
 FLUSH_TIMEOUT_MS = 5000
+RECHECK_S = 1.0  # a tracer provider set later is noticed within this
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -62,11 +65,19 @@ class _Otel:
         self.SpanKind, self.Status, self.StatusCode = SpanKind, Status, StatusCode
         self.tracer = trace.get_tracer("awa_pool", __version__)
         self.recording = False  # a global provider, once set, is never unset
+        self.recheck_at = 0.0
+        if hasattr(os, "register_at_fork"):  # a child's start hooks may set one: ask afresh there
+            os.register_at_fork(after_in_child=self._forget_no)
+
+    def _forget_no(self) -> None:
+        self.recheck_at = 0.0
 
     def can_record(self) -> bool:
-        """Has a real (SDK) tracer provider been set?"""
-        if not self.recording:
+        """Has a real (SDK) tracer provider been set? Asking costs microseconds
+        (an os.environ miss), so "no" is asked again at most every second."""
+        if not self.recording and time.monotonic() >= self.recheck_at:
             self.recording = not isinstance(self.trace.get_tracer_provider(), self.trace.ProxyTracerProvider)
+            self.recheck_at = time.monotonic() + RECHECK_S
         return self.recording
 
     def produce(self, operation: str, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
