@@ -94,12 +94,12 @@ def test_only_the_signal_relay_and_child_install_signal_handlers() -> None:
 # from its own layer or lower ones. Imports inside functions may reach up
 # (Task.enqueue -> producer, Pool.run -> supervisor): they load on use.
 LAYERS = {
-    0: {"errors", "job", "protocol", "version"},
-    1: {"config", "dispatcher", "context", "execute", "tasks", "periodic"},
+    0: {"errors", "job", "protocol", "inflight", "version"},
+    1: {"config", "dispatcher", "context", "execute", "tasks", "periodic", "tracing"},
     2: {"db", "drivers", "sql", "migrate"},
     3: {"producer", "admin", "stats", "periodic_admin", "fetcher", "completer", "notifier", "leader",
         "maintenance", "registration", "requests", "grants"},
-    4: {"child", "children", "claimer", "cancels", "session", "supervisor"},
+    4: {"child", "children", "claimer", "cancels", "session", "signals", "supervisor"},
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
 
