@@ -12,14 +12,17 @@ per attempt, in four set-ups (each in its own process):
 
     python scripts/bench_tracing.py [--database-url URL] [--repeats 3]
 
-Enqueues (in one transaction, rolled back), in this process's CPU time
-(the client's cost; the server's does not change but for bulk inserts,
-whose jobs then carry metadata): the fastest of 30 runs of 20 single
-enqueues and of 15 enqueue_many calls of 1,000 jobs. Attempts:
-execute.run of a no-op handler (no database), the child's per-job path,
-the fastest of 300 runs of 300. On a shared machine the fastest run is the
-least disturbed one. Set-ups alternate; medians over --repeats. Last, what
-a Pool's on_outcome hook adds to the supervisor's loop per attempt.
+What the tracing layer adds, in µs: to an enqueue call (a producer span
+and one job stamped, against the same Python work without the layer),
+per job of an enqueue_many of 1,000 (each job stamped), and to an attempt
+(execute.run of a no-op handler, the child's per-job path, against the
+undecorated function). Each is the fastest of many short runs: on a
+shared machine the fastest run is the least disturbed one. The wall time
+per job of a real enqueue_many of 1,000 (one transaction, rolled back)
+shows the server's share: stamped jobs carry metadata, so they take the
+general bulk insert instead of the args-only one. Set-ups alternate;
+medians over --repeats. Last, what a Pool's on_outcome hook adds to the
+supervisor's loop per attempt.
 """
 from __future__ import annotations
 
@@ -67,7 +70,7 @@ def fastest(work, count: int, repeats: int, clock=time.perf_counter) -> float:
     return best / count * 1e6
 
 
-def measure(setup: str, url: str, singles: int, attempts: int) -> dict:
+def measure(setup: str, url: str, attempts: int) -> dict:
     if setup == "absent":
         sys.meta_path.insert(0, _RefuseOpenTelemetry())
     import contextlib
@@ -98,16 +101,23 @@ def measure(setup: str, url: str, singles: int, attempts: int) -> dict:
     def noop() -> None:
         return None
 
+    from awa_pool.producer import _check_job
+    from awa_pool.tracing import producer_span
+
+    def checked(conn, jobs):  # what an enqueue does in Python besides its SQL
+        return [_check_job(job) for job in jobs]
+
+    traced = producer_span("enqueue")(checked)
+    one, thousand = [awa_pool.Job("bench_tracing", {"i": 1})], [awa_pool.Job("bench_tracing", {"i": i})
+                                                                  for i in range(1000)]
     conn = psycopg2.connect(url)
-    singles_jobs = [awa_pool.Job("bench_tracing", {"i": i}) for i in range(singles)]
-    many_jobs = [awa_pool.Job("bench_tracing", {"i": i}) for i in range(1000)]
     with span:
-        awa_pool.enqueue(conn, singles_jobs[0])  # warm up: the import, the tracer, the plans
-        # This process's CPU time: what tracing adds here, without the
-        # round trip's wait (which a loaded server makes vary tenfold).
-        cpu = time.process_time
-        enqueue_us = fastest(lambda: [awa_pool.enqueue(conn, job) for job in singles_jobs], singles, 30, cpu)
-        many_us = fastest(lambda: awa_pool.enqueue_many(conn, many_jobs), 1000, 15, cpu)
+        awa_pool.enqueue_many(conn, thousand[:1])  # warm up: the import, the tracer, the plans
+        traced(None, one)
+        enqueue_added = fastest(lambda: traced(None, one), 1, 3000) - fastest(lambda: checked(None, one), 1, 3000)
+        many_added = (fastest(lambda: traced(None, thousand), 1000, 30)
+                      - fastest(lambda: checked(None, thousand), 1000, 30))
+        many_wall = fastest(lambda: awa_pool.enqueue_many(conn, thousand), 1000, 15)  # the server's share too
     conn.rollback()
     conn.close()
     metadata = '{"traceparent": "%s"}' % TRACEPARENT if setup == "sdk" else "{}"
@@ -116,8 +126,10 @@ def measure(setup: str, url: str, singles: int, attempts: int) -> dict:
                      created_at=0.0, run_at=0.0, progress=None, callback_result=None, batch_id=None)
     channel = _Channel()
     run(job, channel)
-    attempt_us = fastest(lambda: [run(job, channel) for _ in range(attempts)], attempts, 300)
-    return {"enqueue_us": enqueue_us, "many_us_per_job": many_us, "attempt_us": attempt_us}
+    attempt = fastest(lambda: [run(job, channel) for _ in range(attempts)], attempts, 300)
+    bare = fastest(lambda: [run.__wrapped__(job, channel) for _ in range(attempts)], attempts, 300)
+    return {"enqueue_added": enqueue_added, "many_added": many_added, "many_wall": many_wall,
+            "attempt": attempt, "attempt_added": attempt - bare}
 
 
 def hook_cost(n: int) -> float:
@@ -138,12 +150,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--database-url", default=None)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--singles", type=int, default=20)
     parser.add_argument("--attempts", type=int, default=300)
     parser.add_argument("--setup", choices=SETUPS, help=argparse.SUPPRESS)  # one measurement, in a child
     args = parser.parse_args()
     if args.setup:
-        print(json.dumps(measure(args.setup, args.database_url, args.singles, args.attempts)))
+        print(json.dumps(measure(args.setup, args.database_url, args.attempts)))
         return
     from scriptdb import drop_database, fresh_database
 
@@ -155,15 +166,17 @@ def main() -> None:
         for _ in range(args.repeats):
             for setup in SETUPS:
                 out = subprocess.run([sys.executable, __file__, "--setup", setup, "--database-url", url,
-                                      "--singles", str(args.singles), "--attempts", str(args.attempts)],
+                                      "--attempts", str(args.attempts)],
                                      check=True, capture_output=True, text=True).stdout
                 results[setup].append(json.loads(out))
     finally:
         drop_database(server, name)
-    print(f"{'setup':8} {'enqueue (CPU µs)':>17} {'enqueue_many (CPU µs/job)':>26} {'attempt (µs)':>13}")
+    print(f"{'setup':8} {'enqueue: +µs':>13} {'enqueue_many: +µs/job':>22} {'(wall µs/job)':>14} "
+          f"{'attempt: µs':>12} {'(+µs)':>7}")
     for setup, runs in results.items():
         med = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
-        print(f"{setup:8} {med['enqueue_us']:17.1f} {med['many_us_per_job']:26.2f} {med['attempt_us']:13.2f}")
+        print(f"{setup:8} {med['enqueue_added']:13.2f} {med['many_added']:22.2f} {med['many_wall']:14.2f} "
+              f"{med['attempt']:12.2f} {med['attempt_added']:7.2f}")
     cost = statistics.median(hook_cost(args.attempts) for _ in range(args.repeats))
     bare = statistics.median(fastest(lambda: [None for _ in range(args.attempts)], args.attempts, 300)
                              for _ in range(args.repeats))
