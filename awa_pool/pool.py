@@ -30,7 +30,8 @@ class Pool:
     retention_failed in seconds or timedeltas, metrics_port, ...). Without a
     dsn, the configured URL or the embedded Postgres is used.
 
-    Hooks, as keyword arguments or decorators (`@pool.on_outcome`):
+    Hooks, as keyword arguments or decorators (`@pool.on_outcome`), given
+    before run():
     on_started(PoolInfo) once the pool serves its queues; on_stopping(PoolInfo)
     once when it begins to shut down (`info.reason` says why);
     on_outcome(OutcomeEvent) after each attempt. They run in the
