@@ -137,7 +137,7 @@ class _WaitingLog:
         error = state.outcome.exception() if state.outcome is not None else None
         why = first_line(error) if error is not None else "unreachable"
         if self.last_logged is None:
-            log.info("waiting for the database at %s (up to %gs): %s", describe(self.url),
+            log.info("waiting for the database at %s (up to %.3gs): %s", describe(self.url),
                         self.retry_for, why)
         elif now - self.last_logged >= WAITING_LOG_EVERY_S:
             log.info("still waiting for the database at %s (%.0fs so far): %s", describe(self.url),
