@@ -41,9 +41,10 @@ def test_short_soak_holds_its_rate_and_writes_its_samples(server_url: str, worke
                    "--retention", "5s", "--sample", "2", "--max-p99-ms", "2000", "--trace-slow-ms", "0")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "FAILED" not in run.stdout
-    # 24 s at 200 jobs/s leave jobs_hot below the leader's vacuum threshold:
-    # its pages grow all run, so size is judged only in the long runs.
-    assert "size: not judged" in run.stdout
+    # 24 s at 200 jobs/s usually leave jobs_hot below the leader's vacuum
+    # threshold, and size is then not judged; when autovacuum got there first
+    # (seen on PostgreSQL 18), it is judged and must have held.
+    assert "size: not judged" in run.stdout or "total size kept growing" not in run.stdout
     with open(out.with_suffix(".csv")) as f:
         rows = list(csv.DictReader(f))
     assert len(rows) >= 10
