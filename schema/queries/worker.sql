@@ -105,3 +105,7 @@ SELECT d.kind, d.timeout_s
 ON CONFLICT (kind) DO UPDATE
    SET timeout_s = excluded.timeout_s, updated_at = now()
  WHERE t.timeout_s IS DISTINCT FROM excluded.timeout_s
+
+-- name: queues_with_available_jobs
+-- awa_pool.testing.run_jobs serves every queue that has work.
+SELECT DISTINCT queue FROM awa.jobs_hot WHERE state = 'available' ORDER BY queue
