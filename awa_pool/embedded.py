@@ -3,7 +3,8 @@ started on demand when no database URL is configured.
 
 Its data lives in the user's data directory and survives between commands;
 the server keeps running after the command that started it exits, so later
-commands (and supervisors) reuse it.
+commands (and supervisors) reuse it. `start_shared` is the throwaway kind,
+for test runs (the pytest plugin), gone when its last user exits.
 """
 from __future__ import annotations
 

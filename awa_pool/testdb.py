@@ -7,9 +7,10 @@ The template is named after a fingerprint of the migrations
 kept on the server: later sessions, and every xdist worker, clone it
 without migrating again, and a schema change gets a template of its own.
 A template no session used for TEMPLATE_TTL_DAYS is dropped when a new one
-is built. Clones (`awa_t_<worker>_<pid>_<n>`) are dropped in a background
-thread: DROP DATABASE waits for a checkpoint, which can take seconds on a
-busy server, and a test need not wait for it.
+is built. Clones (`awa_t_<worker>_<pid>_<n>`) are dropped by background
+threads: DROP DATABASE waits for a checkpoint, which takes seconds on a
+busy server; a test need not wait for it, and drops that run side by side
+share their checkpoints.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import os
 import queue
 import secrets
 import threading
+import time
 from contextlib import contextmanager
 from typing import Any, Iterator, List, Optional
 from urllib.parse import urlsplit, urlunsplit
@@ -41,6 +43,7 @@ TEMPLATE_TTL_DAYS = 14
 TEMPLATE_MARKER = "awa_pool test template, last used "
 MAINTENANCE_DATABASE = "postgres"
 DROP_WAIT_S = 600.0             # how long close() waits for queued drops
+DROPPERS = 4                    # drops at a time (each holds an admin connection while busy)
 
 _clone_numbers = itertools.count(1)   # per process: in-process pytest runs share it
 _process_token = secrets.token_hex(2)
@@ -83,7 +86,7 @@ class TestServer:
         self._admin: Optional[psycopg2.extensions.connection] = None
         self._template_ready = False
         self._drops: "queue.Queue[Optional[str]]" = queue.Queue()
-        self._dropper: Optional[threading.Thread] = None
+        self._droppers: List[threading.Thread] = []
         self.drop_errors: List[str] = []
 
     # -- connections ------------------------------------------------------
@@ -120,13 +123,19 @@ class TestServer:
             if not self._execute(QUERIES["database_exists"], {"name": self.template_name}):
                 self._build_template()
                 self._drop_stale_templates()
-            today = datetime.date.today().isoformat()
-            self._execute(_format(QUERIES["mark_test_template"], self.template_name),
-                          {"comment": TEMPLATE_MARKER + today})
+            self._mark_used()
         finally:
             self._execute(QUERIES["server_unlock"], lock)
         self._template_ready = True
         return self.template_name
+
+    def _mark_used(self) -> None:
+        today = datetime.date.today().isoformat()
+        try:
+            self._execute(_format(QUERIES["mark_test_template"], self.template_name),
+                          {"comment": TEMPLATE_MARKER + today})
+        except psycopg2.errors.InsufficientPrivilege:
+            pass  # another role's template: its owner's sessions keep it marked
 
     def _build_template(self) -> None:
         # Migrated under another name, renamed when complete: a build cut
@@ -171,11 +180,12 @@ class TestServer:
         if wait:
             self._execute(_format(QUERIES["drop_database"], name))
             return
-        if self._dropper is None or not self._dropper.is_alive():
-            self._dropper = threading.Thread(target=self._drop_queued, name="awa-test-db-dropper",
-                                             daemon=True)
-            self._dropper.start()
         self._drops.put(name)
+        if self._drops.qsize() and len(self._droppers) < DROPPERS:  # a backlog: one more dropper
+            dropper = threading.Thread(target=self._drop_queued, daemon=True,
+                                       name=f"awa-test-db-dropper-{len(self._droppers)}")
+            dropper.start()
+            self._droppers.append(dropper)
 
     @contextmanager
     def database(self, *, migrated: bool = True) -> Iterator[str]:
@@ -188,28 +198,31 @@ class TestServer:
 
     def _drop_queued(self) -> None:
         conn = None
-        while True:
-            name = self._drops.get()
-            try:
+        try:
+            while True:
+                name = self._drops.get()
                 if name is None:
                     return
-                if conn is None or conn.closed:
-                    conn = self._connect_admin()
-                self._execute(_format(QUERIES["drop_database"], name), conn=conn)
-            except Exception as exc:  # keep dropping the others; close() reports it
-                self.drop_errors.append(f"{name}: {redact(exc)}".strip())
-            finally:
-                self._drops.task_done()
-                if name is None and conn is not None:
-                    conn.close()
+                try:
+                    if conn is None or conn.closed:
+                        conn = self._connect_admin()
+                    self._execute(_format(QUERIES["drop_database"], name), conn=conn)
+                except Exception as exc:  # keep dropping the others; close() reports it
+                    self.drop_errors.append(f"{name}: {redact(exc)}".strip())
+        finally:
+            if conn is not None:
+                conn.close()
 
     def close(self) -> None:
         """Wait for the background drops, then close the admin connection."""
-        if self._dropper is not None and self._dropper.is_alive():
+        for _ in self._droppers:
             self._drops.put(None)
-            self._dropper.join(DROP_WAIT_S)
-            if self._dropper.is_alive():
-                self.drop_errors.append(f"drops still running after {DROP_WAIT_S:g}s")
+        deadline = time.monotonic() + DROP_WAIT_S
+        for dropper in self._droppers:
+            dropper.join(max(0.0, deadline - time.monotonic()))
+        if any(dropper.is_alive() for dropper in self._droppers):
+            self.drop_errors.append(f"drops still running after {DROP_WAIT_S:g}s")
+        self._droppers = []
         if self._admin is not None:
             self._admin.close()
             self._admin = None
