@@ -77,14 +77,16 @@ def server_url(config: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def awa_server(request: pytest.FixtureRequest) -> Iterator[TestServer]:
     """The server that awa_database creates databases on (session-wide)."""
-    from .testdb import TestServer
+    from .testdb import DROPPERS, TestServer
 
     try:
         url = server_url(request.config)
     except ConfigError as exc:
         pytest.fail(str(exc), pytrace=False)
-    worker = getattr(request.config, "workerinput", {}).get("workerid", "main")
-    server = TestServer(url, worker=worker)
+    worker_info = getattr(request.config, "workerinput", {})
+    # the xdist workers share the drop connections, so -n 16 stays far from max_connections
+    server = TestServer(url, worker=worker_info.get("workerid", "main"),
+                        droppers=DROPPERS // int(worker_info.get("workercount", 1)))
     try:
         yield server
     finally:
