@@ -36,23 +36,25 @@ def _as_role(dsn: str, role: str) -> str:
 @pytest.fixture
 def make_role(dsn: str) -> Iterator[Callable[..., str]]:
     """Create login roles with unique names; drop them (and what was granted
-    to them in the test database) at the end."""
-    created: List[str] = []
+    to them in the test database, and in `also`: other databases the test
+    grants in, which are dropped only later, in the background) at the end."""
+    created: List[tuple] = []
 
-    def make(prefix: str = "awa_role") -> str:
+    def make(prefix: str = "awa_role", *, also: tuple = ()) -> str:
         name = f"{prefix}_{uuid.uuid4().hex[:12]}"
         query(dsn, sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
-        created.append(name)
+        created.append((name, also))
         return name
 
     yield make
-    for name in created:
-        _drop_role(dsn, name)
+    for name, also in created:
+        _drop_role(dsn, name, also)
 
 
-def _drop_role(dsn: str, name: str) -> None:
+def _drop_role(dsn: str, name: str, also: tuple = ()) -> None:
     query(dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
-    query(dsn, sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+    for database in (*also, dsn):
+        query(database, sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
     query(dsn, sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
 
 
@@ -378,12 +380,12 @@ def test_cli_grant_and_revoke(dsn, make_role) -> None:
 
 
 def test_a_worker_granted_before_a_new_hot_path_function_may_call_it_after_migrating(
-        make_role, empty_dsn) -> None:
+        empty_dsn, make_role) -> None:  # empty_dsn first: torn down after the roles
     """0011 adds awa.complete_job: a worker role granted on a v10 database
     keeps completing jobs after `migrate`, without being granted again."""
     from awa_pool.migrate import MIGRATIONS, migrate
 
-    role = make_role("awa_worker")
+    role = make_role("awa_worker", also=(empty_dsn,))
     conn = psycopg2.connect(empty_dsn)
     try:
         migrate(conn)
@@ -416,13 +418,13 @@ def test_a_worker_granted_before_a_new_hot_path_function_may_call_it_after_migra
 
 
 def test_a_producer_granted_before_the_uniform_bulk_path_may_use_it_after_migrating(
-        make_role, empty_dsn) -> None:
+        empty_dsn, make_role) -> None:  # empty_dsn first: torn down after the roles
     """0014 adds awa.insert_uniform_jobs, which enqueue_many uses for a chunk
     of one shape: a producer granted on a v13 database keeps bulk-enqueueing
     after `migrate`, without being granted again."""
     from awa_pool.migrate import MIGRATIONS, migrate
 
-    role = make_role("awa_producer")
+    role = make_role("awa_producer", also=(empty_dsn,))
     conn = psycopg2.connect(empty_dsn)
     try:
         migrate(conn)
