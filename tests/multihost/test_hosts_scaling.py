@@ -1,0 +1,36 @@
+"""Scenarios 1 and 4 of issue 25: adding hosts does not cost throughput or
+PostgreSQL work per job, and one slow host does not slow the others."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import host_scenarios
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hosts")]
+
+
+@pytest.mark.timeout(240)
+def test_more_hosts_drain_one_queue_at_least_as_fast_at_the_same_cost_per_job(lab_bench, tmp_path: Path) -> None:
+    runs = {n: host_scenarios.drain(lab_bench, tmp_path, hosts=n, jobs=6000) for n in (1, 2, 4)}
+    report = {n: (round(run.jobs_per_s), round(run.statements_per_job, 3), round(run.transactions_per_job, 3))
+              for n, run in runs.items()}
+    # on 2 cores: within 10 % of one host, or better
+    assert runs[2].jobs_per_s >= 0.9 * runs[1].jobs_per_s, report
+    assert runs[4].jobs_per_s >= 0.9 * runs[1].jobs_per_s, report
+    # PostgreSQL work per job stays small whatever the number of hosts: claims
+    # and completions are batched, so well under one statement per job
+    for run in runs.values():
+        assert 0 < run.statements_per_job <= 0.1, report
+        assert 0 < run.transactions_per_job <= 0.15, report
+
+
+@pytest.mark.timeout(240)
+def test_a_host_200ms_away_claims_correctly_and_does_not_slow_the_others(lab_bench, tmp_path: Path) -> None:
+    result = host_scenarios.latency(lab_bench, tmp_path, rounds=3)
+    assert result.round_trip_ms >= 200, result
+    assert result.slow_host_jobs >= 1, result
+    assert result.reruns == 0 and result.leases_run_twice == 0 and result.not_completed == 0, result
+    assert result.ratio >= 0.85, result
+    assert result.exit_codes == [0] * 5, result
