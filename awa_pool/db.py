@@ -87,7 +87,13 @@ def describe(url: str) -> str:
 
 # A server that vanishes without closing the connection (host down, network
 # cut) must be noticed in seconds, not after the kernel's two-hour default.
+# Keepalives cover an idle connection; tcp_user_timeout covers one waiting
+# for a reply: without it a query sent into a partition blocks the caller
+# until TCP gives up retransmitting (minutes), and a supervisor stuck there
+# heeds no SIGTERM and enforces no timeout. libpq has it since version 12.
 KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
+if psycopg2.extensions.libpq_version() >= 120000:
+    KEEPALIVES["tcp_user_timeout"] = 10_000  # ms of unacknowledged data before the connection fails
 
 
 def _open(url: str, *, autocommit: bool, connect_timeout: int) -> psycopg2.extensions.connection:

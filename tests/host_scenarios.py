@@ -340,3 +340,37 @@ def latency(bench: Bench, work_dir: Path, *, delay_s: float = 0.2, jobs: int = 5
                 relay.close()
     return Latency(method, int(delay_s * 1000), round_trip, jobs, alone, with_slow, slow_jobs, int(reruns),
                    len(leases) - len(set(leases)), len(every) - int(completed), codes)
+
+
+# -- scenario 2b: a cut-off host is told to stop ---------------------------------------
+
+@dataclass
+class CutOffShutdown:
+    noticed_after_s: float          # cut -> it logs the lost connection (client-side TCP timeouts)
+    exited_after_s: float           # SIGTERM -> exit, while still cut off
+    exit_code: int
+    not_completed: int              # its jobs, once rescued by the other host (must be 0)
+
+
+def partition_then_stop(bench: Bench, work_dir: Path, *, job_seconds: float = 20.0) -> CutOffShutdown:
+    """Cut off a host running long jobs, then SIGTERM it (as an orchestrator
+    evicting the pod on a partitioned node does): it must notice the lost
+    database on its own and exit within its shutdown timeout, not hang in a
+    blocked query until TCP gives up."""
+    with cluster(bench, work_dir / "partition-stop") as c:
+        a, b = _leader_and_follower(c, bench)
+        jobs = c.enqueue([Job("host_sleep", {"seconds": job_seconds}, queue=QUEUE) for _ in range(4)])
+        wait_until(lambda: c.scalar("SELECT count(*) FROM awa.jobs WHERE state = 'running' AND supervisor_id = %s",
+                                    (b.id,)), 15, "host b to run jobs")
+        cut = time.monotonic()
+        b.host.partition()
+        wait_until(lambda: "lost the database connection" in b.log(20000), 40,
+                   "the cut host to notice its lost connection", interval=0.1)
+        noticed = time.monotonic() - cut
+        stopping = time.monotonic()
+        code = c.stop(b, timeout=90)
+        exited = time.monotonic() - stopping
+        b.host.heal()
+        counts = c.wait_terminal(jobs, timeout=30 + 2 * job_seconds)
+        _stop_all(c, [a])
+    return CutOffShutdown(noticed, exited, code, len(jobs) - counts.get("completed", 0))

@@ -39,3 +39,15 @@ def test_a_cut_off_leader_is_replaced_and_cron_fires_once_per_tick(lab_bench, tm
     assert result.rejoined_after_s <= 15.0, result
     assert len(result.leaders_at_end) == 1, result
     assert result.exit_codes == [0, 0], result
+
+
+@pytest.mark.timeout(200)
+def test_a_cut_off_host_notices_on_its_own_and_heeds_sigterm(lab_bench, tmp_path: Path) -> None:
+    result = host_scenarios.partition_then_stop(lab_bench, tmp_path)
+    # a query in flight fails after tcp_user_timeout (10 s), an idle
+    # connection after its keepalives (5 s + 3 x 2 s)
+    assert result.noticed_after_s <= 16.0, result
+    # running jobs get the 30 s shutdown timeout; outcomes it cannot record
+    # are given up after 10 s (the leader rescues those jobs)
+    assert result.exit_code == 0 and result.exited_after_s <= 60.0, result
+    assert result.not_completed == 0, result
