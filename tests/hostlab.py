@@ -99,15 +99,18 @@ class Cluster:
 
     bench: Bench
     work_dir: Path
+    server: Optional[pgserver.PrivateServer] = None   # the bench's server unless given
+    url: Optional[str] = None   # one URL for everyone (a multi-host URL), else the server's
     name: str = ""
     supervisors: List[Supervisor] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         from awa_pool.migrate import migrate
 
+        self.server = self.server or self.bench.server
         self.name = self.name or f"awa_hosts_{os.getpid()}_{next(_databases)}"
-        self.bench.server.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-        self.bench.server.execute(f'CREATE DATABASE "{self.name}"')
+        self.server.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        self.server.execute(f'CREATE DATABASE "{self.name}"')
         conn = psycopg2.connect(self.local_url)
         try:
             migrate(conn)
@@ -120,12 +123,14 @@ class Cluster:
     @property
     def local_url(self) -> str:
         """For the test itself (the root namespace, over loopback)."""
-        return self.bench.server.url(self.name)
+        assert self.server is not None
+        return self.url or self.server.url(self.name)
 
     @property
     def host_url(self) -> str:
         """For processes inside the hosts (over the bridge)."""
-        return self.bench.server.url(self.name, host=self.bench.server_address)
+        assert self.server is not None
+        return self.url or self.server.url(self.name, host=self.server.listen[-1])
 
     # -- supervisors ------------------------------------------------------------------
     def start(self, host: netns.Host, *args: str, app: str = "apps.hosts", queues: Sequence[str] = ("hosts",),
@@ -195,7 +200,8 @@ class Cluster:
     def close(self) -> None:
         self.kill_all()
         try:
-            self.bench.server.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+            if self.server is not None and self.server.running:
+                self.server.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
         except psycopg2.Error:
             pass  # the server itself may be down (a failover test); it goes with the bench
 
@@ -255,8 +261,8 @@ class Cluster:
 
 
 @contextmanager
-def cluster(bench: Bench, work_dir: Path) -> Iterator[Cluster]:
-    made = Cluster(bench, work_dir)
+def cluster(bench: Bench, work_dir: Path, **options: Any) -> Iterator[Cluster]:
+    made = Cluster(bench, work_dir, **options)
     try:
         yield made
     finally:

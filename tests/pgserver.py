@@ -63,11 +63,11 @@ def free_port(addresses: Sequence[str]) -> int:
     raise RuntimeError(f"no TCP port free on all of {', '.join(addresses)}")
 
 
-def _run_as_server_user() -> Dict[str, object]:
+def run_as_server_user() -> Dict[str, object]:
     return {"user": SERVER_USER} if os.geteuid() == 0 else {}
 
 
-def _hand_over(path: Path) -> None:
+def hand_over(path: Path) -> None:
     """Let the server user own a directory we made."""
     if os.geteuid() == 0:
         entry = pwd.getpwnam(SERVER_USER)
@@ -95,7 +95,7 @@ class PrivateServer:
         os.chmod(root, 0o755)  # the server user must reach its directory
         data = root / "data"
         data.mkdir()
-        _hand_over(data)
+        hand_over(data)
         server = cls(root, data, listen, free_port(listen))
         try:
             server._bin("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "--no-sync",
@@ -119,7 +119,7 @@ class PrivateServer:
         data = root / "data"
         standby = PrivateServer(root, data, listen, free_port(listen))
         try:
-            _hand_over(root)
+            hand_over(root)
             conninfo = f"host={self.listen[-1]} port={self.port} user=postgres application_name={name}"
             standby._bin("pg_basebackup", "-d", conninfo, "-D", str(data), "-R", "-X", "stream", "-c", "fast")
             standby._configure([])  # its own address and port, after the primary's copied settings
@@ -138,7 +138,7 @@ class PrivateServer:
     def _bin(self, program: str, *args: str, timeout: float = 120) -> str:
         assert self.bin is not None
         done = subprocess.run([str(self.bin / program), *args], capture_output=True, text=True,
-                              timeout=timeout, cwd=self.root, **_run_as_server_user())  # type: ignore[arg-type]
+                              timeout=timeout, cwd=self.root, **run_as_server_user())  # type: ignore[arg-type]
         if done.returncode != 0:
             tail = self.log.read_text()[-1500:] if self.log.exists() else ""
             raise RuntimeError(f"{program} failed: {done.stderr.strip() or done.stdout.strip()}\n{tail}")

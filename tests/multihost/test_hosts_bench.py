@@ -7,9 +7,11 @@ import os
 import subprocess
 import sys
 
+import psycopg2
 import pytest
 
 import netns
+import pgbouncer
 from hostlab import wait_until
 
 pytestmark = [pytest.mark.xdist_group("hosts")]
@@ -71,3 +73,24 @@ def test_leftovers_of_a_dead_run_are_removed_and_a_live_runs_are_not() -> None:
         netns.ip("link", "del", f"{live}b", check=False)
         netns.ip("link", "del", f"{stale}b", check=False)
         netns.ip("netns", "del", f"{stale}-h", check=False)
+
+
+@pytest.mark.parametrize("mode", ["transaction", "session"])
+def test_a_private_pgbouncer_relays_a_host_to_the_server(lab_bench, mode: str) -> None:
+    if pgbouncer.unavailable():
+        pytest.skip(pgbouncer.unavailable())
+    bouncer = pgbouncer.PgBouncer(lab_bench.server_address, lab_bench.server_address, lab_bench.server.port, mode)
+    try:
+        host = lab_bench.lab.add_host("client")
+        reached = _connect_from(host, bouncer.url("postgres"))
+        assert reached.returncode == 0 and reached.stdout.strip() == lab_bench.server_address, reached
+        admin = psycopg2.connect(bouncer.url("pgbouncer"))
+        admin.autocommit = True
+        with admin.cursor() as cur:
+            cur.execute("SHOW CONFIG")
+            config = {row[0]: row[1] for row in cur.fetchall()}
+        admin.close()
+        assert config["pool_mode"] == mode
+    finally:
+        bouncer.stop()
+    assert not bouncer.root.exists()
