@@ -20,6 +20,7 @@ from .sql import QUERIES
 ALL_STATES = [state.value for state in JobState]
 PAYLOAD_MAX_BYTES = 1024 * 1024  # a callback payload becomes a result: same cap as results
 WAIT_RECHECK_S = 5.0             # wait() looks again at least this often
+WAIT_POLL_POOLED_S = 0.25        # ... and this often through a pooler (no LISTEN there)
 ERROR_MAX_CHARS = 2000           # fail_external's error text, as for a handler's exception
 NO_DATA_FOUND = "P0002"          # resolve_callback's "unknown or used callback"
 
@@ -240,7 +241,9 @@ def dlq_purge(conn: Any, ids: Optional[Iterable[int]] = None, queue: Optional[st
 
 def wait(conn: Any, ids: Sequence[int], timeout: Optional[Seconds] = None) -> List[JobRecord]:
     """Block until every job in `ids` is terminal; return their records in
-    the order of `ids`. Wakes on the database's NOTIFY (no busy polling).
+    the order of `ids`. Wakes on the database's NOTIFY (no busy polling;
+    through a connection pooler, which cannot carry a LISTEN, it polls
+    every 0.25 s).
     Raises TimeoutError after `timeout` (seconds or a timedelta). `conn` must
     not be inside a transaction (commit first): waiting needs to see other
     commits."""
@@ -255,7 +258,14 @@ def wait(conn: Any, ids: Sequence[int], timeout: Optional[Seconds] = None) -> Li
     listener = link.listener()
     try:
         with link.cursor(loads=decode_json_for_record) as cur:
-            cur.execute(QUERIES["listen_done"])
+            # Through a pooler (its answer to the connect names another
+            # backend) a LISTEN would stay behind on a server session other
+            # clients share: poll instead.
+            cur.execute(QUERIES["backend_pid"])
+            listening = cur.fetchone()[0] == link.raw.info.backend_pid
+            recheck_s = WAIT_RECHECK_S if listening else WAIT_POLL_POOLED_S
+            if listening:
+                cur.execute(QUERIES["listen_done"])
             try:
                 while True:
                     # A notification that arrives while the query runs is read
@@ -278,10 +288,11 @@ def wait(conn: Any, ids: Sequence[int], timeout: Optional[Seconds] = None) -> Li
                         continue
                     # A NOTIFY per terminal transition wakes us; the cap only
                     # bounds how long a lost notification could delay us.
-                    cap = WAIT_RECHECK_S if remaining is None else min(WAIT_RECHECK_S, remaining)
+                    cap = recheck_s if remaining is None else min(recheck_s, remaining)
                     listener.wait(cap)
             finally:
-                cur.execute(QUERIES["unlisten_done"])
+                if listening:
+                    cur.execute(QUERIES["unlisten_done"])
     finally:
         listener.close()
         link.autocommit = autocommit

@@ -137,6 +137,10 @@ def start(workers: Optional[int] = typer.Option(None, "--workers", "-w", help="C
           log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
           log_format: str = typer.Option("text", "--log-format", help="text or json."),
           migrate_first: bool = typer.Option(False, "--migrate", help="Apply pending migrations first."),
+          session_database_url: Optional[str] = typer.Option(
+              None, "--session-database-url", envvar=db.SESSION_URL_ENV_VAR, metavar="URL", show_envvar=True,
+              help="A direct URL for LISTEN and the advisory locks when --database-url goes through a "
+                   "transaction-mode pooler."),
           database_url: Optional[str] = DB_URL) -> None:
     """Run a supervisor with its pool of child processes (SIGTERM drains)."""
     from .config import parse_duration, parse_size
@@ -147,7 +151,7 @@ def start(workers: Optional[int] = typer.Option(None, "--workers", "-w", help="C
 
     configure_logging(log_level, log_format)
     given: Dict[str, Any] = {"max_tasks_per_child": max_tasks_per_child, "max_crashes": max_crashes,
-                             "metrics_port": metrics_port}
+                             "metrics_port": metrics_port, "session_dsn": session_database_url}
     for name, text in (("shutdown_timeout", shutdown_timeout), ("connect_timeout", connect_timeout),
                        ("retention_completed", retention_completed), ("retention_failed", retention_failed)):
         if text is not None:

@@ -246,6 +246,7 @@ class BackgroundCompleter:
         self.wakeup = threading.Event()
         self.in_flight: Set[int] = set()
         self.conn: Optional[Any] = None
+        self.session_settings = True   # False behind a transaction pooler: no SET on its sessions
         self.stopping = False
         self.thread: Optional[threading.Thread] = None
         self.stats: Dict[str, int] = {}
@@ -385,8 +386,9 @@ class BackgroundCompleter:
         try:
             if self.conn is None or self.conn.closed:
                 self.conn = connect(self.dsn, autocommit=True, connect_timeout=5)
-                with self.conn.cursor() as cur:
-                    cur.execute(QUERIES["worker_session"])
+                if self.session_settings:  # not through a transaction pooler (session.py)
+                    with self.conn.cursor() as cur:
+                        cur.execute(QUERIES["worker_session"])
             writes_outcomes = bool(batch.completed or batch.others)
             with self.conn.cursor() as cur:
                 applied = batch.flush(cur)

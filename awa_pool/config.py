@@ -219,6 +219,9 @@ class PoolConfig:
     """Everything a supervisor needs; built by the CLI or awa_pool.Pool."""
 
     dsn: str
+    # A direct URL for what needs a session (LISTEN, the leader lock, the
+    # liveness lock) when `dsn` points at a transaction-mode pooler.
+    session_dsn: Optional[str] = None
     app: Optional[str] = None
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     queues: Dict[str, QueueConfig] = field(default_factory=dict)

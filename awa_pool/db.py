@@ -22,6 +22,7 @@ from .errors import ConfigError, DatabaseUnavailable
 log = logging.getLogger(__name__)
 
 URL_ENV_VARS = ("AWA_DATABASE_URL", "DATABASE_URL")
+SESSION_URL_ENV_VAR = "AWA_SESSION_DATABASE_URL"   # a direct URL beside a pooler's (supervisors)
 WAITING_LOG_EVERY_S = 10.0   # while retrying a connection, at most one log line this often
 APPLICATION_NAME = "awa-pool"
 
@@ -29,6 +30,7 @@ APPLICATION_NAME = "awa-pool"
 LOCK_CLASS = 0x61776100
 LOCK_MIGRATE = 1
 LOCK_LEADER = 2
+LOCK_CLASS_LIVENESS = 0x61776101  # "awa\1": one lock per supervisor, keyed by its id (liveness.py)
 
 _URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/?#@\s]*:)(?P<pw>[^@/\s]*)(?P<tail>@)", re.I)
 _KV_PASSWORD = re.compile(r"(?P<head>\bpassword\s*=\s*)(?P<pw>'(?:[^'\\]|\\.)*'|\S+)", re.I)

@@ -89,11 +89,15 @@ class Leader:
                 wait = 1.0
             self._stop.wait(max(0.01, wait))
 
-    def _depose_if_frozen(self, cur) -> None:
+    def _follower_checks(self, cur) -> None:
+        """Every DEPOSE_CHECK_S while following: depose a frozen leader, and
+        keep the maintenance's observations current (the liveness locks), so
+        that this supervisor acts at once if it takes over from one that died."""
         now = time.monotonic()
         if now < self.next_depose_check:
             return
         self.next_depose_check = now + DEPOSE_CHECK_S
+        self.maintenance.observe(cur)
         try:
             cur.execute(QUERIES["depose_frozen_leader"], {"class": LOCK_CLASS, "key": LOCK_LEADER,
                                                           "stale_s": self.stale_after_s})
@@ -110,11 +114,12 @@ class Leader:
             self.conn = connect(self.url, autocommit=True, connect_timeout=5)
             with self.conn.cursor() as cur:
                 cur.execute(QUERIES["maintenance_session"])
+            self.maintenance.forget()  # a new session, maybe a new server: start looking afresh
         with self.conn.cursor() as cur:
             if not self._is_leader:
                 cur.execute(QUERIES["try_leader_lock"], {"class": LOCK_CLASS, "key": LOCK_LEADER})
                 if not cur.fetchone()[0]:
-                    self._depose_if_frozen(cur)
+                    self._follower_checks(cur)
                     return CAMPAIGN_INTERVAL_S
                 cur.execute(QUERIES["mark_leader"], {"id": self.supervisor_id})
                 self.maintenance.reset()

@@ -2,7 +2,8 @@
 bounded batches and exposes `tick(cur)`, so tests can drive one service
 step by step without a running supervisor.
 
-Services: promote due jobs, rescue jobs of lost supervisors and past their
+Services: promote due jobs, rescue jobs of dead supervisors (at once, by
+their liveness lock), of lost ones (by heartbeat) and past their
 deadlines, expire callbacks, forget old supervisors, fire periodic jobs,
 retention (rotate terminal history, clean bookkeeping rows) and vacuuming
 the claim path's tables.
@@ -18,6 +19,7 @@ import psycopg2
 
 from .config import DEFAULT_DEADLINE_GRACE_S, DEFAULT_RETENTION_COMPLETED_S, DEFAULT_RETENTION_FAILED_S
 from .db import first_line, is_connection_error
+from .liveness import DeadSupervisors
 from .periodic import CATCH_UP_CAP, due_fire_times, next_fire_time
 from .sql import QUERIES
 
@@ -39,6 +41,12 @@ class Service:
 
     def tick(self, cur: Any) -> int:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def observe(self, cur: Any) -> None:
+        """What a follower keeps up to date, to act at once when it leads."""
+
+    def forget(self) -> None:
+        """The leader's connection is new: drop what was observed on the old one."""
 
 
 class PromoteDue(Service):
@@ -74,6 +82,27 @@ class RescueLost(Service):
         for job_id, state in rows:
             log.warning("rescued job %d from a lost supervisor (now %s)", job_id, state)
         return len(rows)
+
+
+class RescueDead(Service):
+    """Running jobs of a supervisor whose session ended (killed, crashed, out
+    of memory) go back at once, without waiting for its heartbeat to go
+    stale (see liveness.py)."""
+
+    name = "rescue_dead"
+    interval = 0.25
+
+    def __init__(self) -> None:
+        self.supervisors = DeadSupervisors()
+
+    def tick(self, cur: Any) -> int:
+        return len(self.supervisors.rescue(cur))
+
+    def observe(self, cur: Any) -> None:
+        self.supervisors.observe(cur)
+
+    def forget(self) -> None:
+        self.supervisors.forget()
 
 
 class RescueDeadlines(Service):
@@ -272,6 +301,15 @@ class Maintenance:
         """Run every service on the next pass (after becoming leader)."""
         self.next_run.clear()
 
+    def observe(self, cur: Any) -> None:
+        """A follower's look at what the services watch (see Service.observe)."""
+        for service in self.services:
+            service.observe(cur)
+
+    def forget(self) -> None:
+        for service in self.services:
+            service.forget()
+
     def run_due(self, cur: Any, now: Optional[float] = None) -> float:
         """Run due services; returns seconds until the next one is due.
         `last_error` names the services that failed in this pass (or None)."""
@@ -302,6 +340,6 @@ class Maintenance:
 def default_services(*, heartbeat_staleness: float, deadline_grace: float = DEFAULT_DEADLINE_GRACE_S,
                      retention_completed: float = DEFAULT_RETENTION_COMPLETED_S,
                      retention_failed: float = DEFAULT_RETENTION_FAILED_S) -> List[Service]:
-    return [PromoteDue(), RescueLost(heartbeat_staleness), RescueDeadlines(deadline_grace),
+    return [PromoteDue(), RescueDead(), RescueLost(heartbeat_staleness), RescueDeadlines(deadline_grace),
             ExpireCallbacks(), ForgetSupervisors(), FireCron(),
             Retention(retention_completed, retention_failed), VacuumQueueTables()]

@@ -150,7 +150,7 @@ class Metrics:
             if now - self._queue_at >= QUEUE_REFRESH_S:
                 self._queue_at = now
                 try:
-                    conn = connect(self.supervisor.config.dsn, autocommit=True, connect_timeout=3)
+                    conn = connect(self.supervisor.config.dsn, connect_timeout=3)  # one transaction
                     try:
                         with conn.cursor() as cur:
                             cur.execute(QUERIES["metrics_session"])

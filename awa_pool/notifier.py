@@ -27,10 +27,20 @@ class Notifier:
         self.url = url
         self.conn: Optional[psycopg2.extensions.connection] = None
 
-    def open(self) -> None:
+    def open(self, first: Optional[Callable[[Any], Any]] = None) -> None:
+        """Connect and LISTEN. `first(conn)` runs on the new session before
+        the LISTEN (the supervisor takes its liveness lock there), so that
+        the LISTEN stays the session's last statement, which is how
+        operators and scripts/chaos.py recognize it in pg_stat_activity."""
         conn = connect(self.url, autocommit=True, connect_timeout=5)
-        with conn.cursor() as cur:
-            cur.execute(QUERIES["listen"])
+        try:
+            if first is not None:
+                first(conn)
+            with conn.cursor() as cur:
+                cur.execute(QUERIES["listen"])
+        except BaseException:
+            close_quietly(conn)
+            raise
         self.conn = conn
 
     @property

@@ -11,7 +11,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 
 from .config import PoolConfig, QueuesArg, parse_queues
-from .db import configured_url
+from .db import SESSION_URL_ENV_VAR, check_url, configured_url
 from .hooks import OutcomeEvent, PoolHooks, PoolInfo
 
 if TYPE_CHECKING:
@@ -28,7 +28,9 @@ class Pool:
     (shutdown_timeout, connect_timeout, max_tasks_per_child,
     max_memory_per_child in bytes, max_crashes, retention_completed,
     retention_failed in seconds or timedeltas, metrics_port, ...). Without a
-    dsn, the configured URL or the embedded Postgres is used.
+    dsn, the configured URL or the embedded Postgres is used. session_dsn
+    (else AWA_SESSION_DATABASE_URL) is a direct URL for LISTEN and the
+    advisory locks when dsn goes through a transaction-mode pooler.
 
     Hooks, as keyword arguments or decorators (`@pool.on_outcome`), given
     before run():
@@ -62,6 +64,9 @@ class Pool:
             dsn = start_embedded()
         if workers is None:
             workers = os.cpu_count() or 1
+        session_dsn = options.pop("session_dsn", None) or os.environ.get(SESSION_URL_ENV_VAR) or None
+        if session_dsn is not None:
+            options["session_dsn"] = check_url(session_dsn)
         self.config = PoolConfig(dsn=dsn, app=app, workers=workers, queues=parse_queues(queues), **options)
         self.supervisor: Optional["Supervisor"] = None
 

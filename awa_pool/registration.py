@@ -28,9 +28,11 @@ class Registration:
     paused: Dict[str, bool]
 
 
-def register(conn: Any, queues: Dict[str, QueueConfig], workers: int, pid: int) -> Registration:
+def register(conn: Any, queues: Dict[str, QueueConfig], workers: int, pid: int, *,
+             session_settings: bool = True) -> Registration:
     """Run the start-up steps on an autocommit connection; returns what the
-    supervisor needs from them."""
+    supervisor needs from them. session_settings=False (a transaction-mode
+    pooler) leaves the session's settings alone."""
     require_current(conn)
     with conn.cursor() as cur:
         cur.execute(QUERIES["register_supervisor"], {
@@ -39,8 +41,11 @@ def register(conn: Any, queues: Dict[str, QueueConfig], workers: int, pid: int) 
         supervisor_id = cur.fetchone()[0]
         # The registration above committed synchronously (its id seeds every
         # lease this supervisor hands out); from here on the session's writes
-        # need not wait for fsync (see worker_session).
-        cur.execute(QUERIES["worker_session"])
+        # need not wait for fsync (see worker_session). Through a transaction
+        # pooler that SET would stay behind on a server session other clients
+        # share (their commits would go asynchronous): commits stay synchronous.
+        if session_settings:
+            cur.execute(QUERIES["worker_session"])
         for name, queue in queues.items():
             cur.execute(QUERIES["configure_queue"], {"name": name, "dlq": queue.dlq, "rate": queue.rate})
         tasks = sorted(all_tasks().values(), key=lambda declared: declared.kind)

@@ -109,13 +109,13 @@ class Supervisor:
         self._watch_notifier()
         for slot in self.children.empty_slots():
             self._spawn(slot)
-        if self.config.leader:
+        if self.config.leader and self.session.may_lead:
             services = default_services(heartbeat_staleness=self.config.heartbeat_staleness,
                                         deadline_grace=self.config.deadline_grace,
                                         retention_completed=self.config.retention_completed,
                                         retention_failed=self.config.retention_failed)
-            self.leader = Leader(self.config.dsn, self.supervisor_id, Maintenance(services),
-                                 stale_after_s=self.config.heartbeat_staleness)
+            self.leader = Leader(self.config.session_dsn or self.config.dsn, self.supervisor_id,
+                                 Maintenance(services), stale_after_s=self.config.heartbeat_staleness)
             self.leader.start()
         self.state = RUNNING
         log.info("supervisor %d started: %d children, queues %s, database %s", self.supervisor_id,
@@ -134,6 +134,7 @@ class Supervisor:
     def _start_session(self) -> None:
         registration = self.session.start(self.queues, self.pid)
         self.supervisor_id = registration.supervisor_id
+        self.completer.session_settings = not self.session.pooled
         self.claimer.start(self.queues, self.supervisor_id)
         self._apply_settings(registration.shards, registration.paused)
 
@@ -149,6 +150,8 @@ class Supervisor:
         return close, sockets
 
     def _watch_notifier(self) -> None:
+        if not self.session.notifier.connected:
+            return  # no LISTEN behind a transaction pooler without a session URL
         self.notify_fd = self.session.notifier.fileno()
         self.selector.register(self.notify_fd, selectors.EVENT_READ, ("notify", None))
 
@@ -363,6 +366,7 @@ class Supervisor:
                 "stats": stats})
 
         self._db("heartbeat", beat)
+        self.session.check_liveness()
         self.cancels.sweep(now)
         if now >= self.next_reconcile:
             self.next_reconcile = now + RECONCILE_INTERVAL_S

@@ -1418,6 +1418,30 @@ BEGIN
     END LOOP;
 END $$;
 
+-- Fast rescue (migration 0018): running jobs of supervisors whose liveness
+-- lock the leader found free (their session ended: killed, crashed, out of
+-- memory) go back at once, by the same path as awa.rescue_lost.
+CREATE FUNCTION awa.rescue_supervisors(p_ids bigint[], p_limit integer DEFAULT 500)
+RETURNS TABLE (job_id bigint, new_state awa.job_state)
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        SELECT h.id, h.lease
+          FROM awa.jobs_hot h
+         WHERE h.state = 'running' AND h.supervisor_id = ANY (p_ids)
+         LIMIT p_limit
+         FOR UPDATE OF h SKIP LOCKED
+    LOOP
+        new_state := awa.finish_attempt(r.id, r.lease, 'lost',
+            'supervisor lost: its database session ended (killed, crashed or out of memory)');
+        CONTINUE WHEN new_state IS NULL;
+        job_id := r.id;
+        RETURN NEXT;
+    END LOOP;
+END $$;
+
 -- Backstop for a supervisor that is alive but failed to stop a job at its
 -- timeout: rescue attempts more than p_grace_s past their deadline.
 CREATE FUNCTION awa.rescue_deadlines(p_grace_s double precision, p_limit integer DEFAULT 500)
@@ -1936,4 +1960,5 @@ INSERT INTO awa.schema_migrations (version, name) VALUES
     (14, 'uniform_bulk_enqueue'),
     (15, 'light_rotation'),
     (16, 'task_timeouts'),
-    (17, 'dashboard_indexes');
+    (17, 'dashboard_indexes'),
+    (18, 'fast_rescue');

@@ -139,6 +139,7 @@ def _stop_all(c: Cluster, supervisors: List[Supervisor]) -> List[int]:
 class WorkerPartition:
     rescued_after_s: float          # cut -> its running jobs taken from it (database clock)
     silent_for_s: float             # its last heartbeat -> the rescue (staleness: >= 10 s)
+    rescue_reasons: List[str]       # why each of its jobs was rescued (the heartbeat, never its session)
     completed_elsewhere: int        # of those, completed by the other host
     late_executions: int            # attempts the cut host finished anyway (outcomes to drop)
     kept_from_cut_host: int         # rescued jobs whose kept outcome is the cut host's (must be 0)
@@ -167,6 +168,8 @@ def partition_worker(bench: Bench, work_dir: Path, *, job_seconds: float = 3.0,
             "the cut host's jobs to be rescued", interval=0.1)
         last_beat = float(c.scalar("SELECT extract(epoch FROM heartbeat_at) FROM awa.supervisors WHERE id = %s",
                                    (b.id,)))
+        reasons = [row[0] for row in c.query("SELECT errors->0->>'error' FROM awa.jobs WHERE id = ANY(%s)",
+                                              (held,))]
         c.wait_terminal(first, timeout=30 + 2 * job_seconds)
         healed_at = _db_now(c)
         b.host.heal()
@@ -187,6 +190,7 @@ def partition_worker(bench: Bench, work_dir: Path, *, job_seconds: float = 3.0,
     late = [run for run in c.executions("host_sleep") if run["supervisor_pid"] == b.pid and run["job"] in held]
     return WorkerPartition(
         rescued_after_s=float(rescued_at) - cut_at, silent_for_s=float(rescued_at) - last_beat,
+        rescue_reasons=reasons,
         completed_elsewhere=sum(1 for job in held if kept.get(job) == a.pid),
         late_executions=len(late),
         kept_from_cut_host=sum(1 for job in held if kept.get(job) == b.pid),

@@ -197,7 +197,7 @@ def test_maintenance_lets_a_lost_session_through(dsn) -> None:
 def test_default_services_cover_every_duty() -> None:
     services = default_services(heartbeat_staleness=10, retention_completed=60, retention_failed=120)
     names = [s.name for s in services]
-    assert names == ["promote", "rescue_lost", "rescue_deadlines", "expire_callbacks",
+    assert names == ["promote", "rescue_dead", "rescue_lost", "rescue_deadlines", "expire_callbacks",
                      "forget_supervisors", "fire_cron", "retention", "vacuum_queue_tables"]
     retention = services[-2]
     assert isinstance(retention, Retention)

@@ -13,5 +13,7 @@ SELECT EXISTS (SELECT 1 FROM awa.queues q WHERE q.name = %(name)s)
 
 -- name: metrics_session
 -- The short-lived connection that refreshes the queue gauges of /metrics
--- must never hang a scrape.
-SET statement_timeout = '5s'
+-- must never hang a scrape. LOCAL: for this transaction only, so that
+-- through a transaction-mode pooler the timeout does not stay behind on a
+-- server session other clients share.
+SET LOCAL statement_timeout = '5s'

@@ -39,6 +39,25 @@ SELECT awa.promote_due(%(limit)s)
 -- name: rescue_lost
 SELECT job_id, new_state::text FROM awa.rescue_lost(%(stale_s)s, %(limit)s)
 
+-- name: liveness_states
+-- Each live supervisor: is its liveness lock held (by any session of this
+-- database: pg_locks shows the whole server's), and does it run jobs?
+-- pg_locks is read once for all of them.
+WITH held AS MATERIALIZED (
+    SELECT l.objid::bigint AS key
+      FROM pg_locks l
+     WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %(class)s::oid AND l.objsubid = 2
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+)
+SELECT s.id,
+       (s.id %% 2147483648) IN (SELECT key FROM held),
+       EXISTS (SELECT 1 FROM awa.jobs_hot h WHERE h.state = 'running' AND h.supervisor_id = s.id)
+  FROM awa.supervisors s
+ WHERE s.stopped_at IS NULL
+
+-- name: rescue_supervisors
+SELECT job_id, new_state::text FROM awa.rescue_supervisors(%(ids)s::bigint[], %(limit)s)
+
 -- name: rescue_deadlines
 SELECT job_id, new_state::text FROM awa.rescue_deadlines(%(grace_s)s, %(limit)s)
 

@@ -109,3 +109,29 @@ ON CONFLICT (kind) DO UPDATE
 -- name: queues_with_available_jobs
 -- awa_pool.testing.run_jobs serves every queue that has work.
 SELECT DISTINCT queue FROM awa.jobs_hot WHERE state = 'available' ORDER BY queue
+
+-- name: backend_pid
+-- Compared with the process id the server reported at connect: a pooler
+-- answers the connect itself, so the two differ behind one (see pooling.py).
+SELECT pg_backend_pid()
+
+-- name: take_liveness_lock
+-- A session-level lock keyed by this supervisor's id, held on its LISTEN
+-- session for as long as the supervisor lives: when it is free, the leader
+-- rescues the supervisor's jobs at once (see liveness.py). The key is the id
+-- folded into the lock's 31-bit second half.
+SELECT pg_try_advisory_lock(%(class)s, (%(id)s::bigint %% 2147483648)::int)
+
+-- name: end_stale_liveness_session
+-- An older session of this same supervisor still holds its lock: that
+-- connection died in a network partition and the server has not noticed.
+SELECT pg_terminate_backend(l.pid)
+  FROM pg_locks l
+ WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %(class)s::oid
+   AND l.objid = (%(id)s::bigint %% 2147483648)::oid AND l.objsubid = 2
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND l.pid <> pg_backend_pid()
+
+-- name: wait_liveness_lock
+-- After ending the stale session: its lock is released as it exits.
+SET lock_timeout = '2s'; SELECT pg_advisory_lock(%(class)s, (%(id)s::bigint %% 2147483648)::int)

@@ -19,6 +19,9 @@ def test_a_cut_off_worker_host_is_rescued_and_rejoins(lab_bench, tmp_path: Path)
     # the cut host's sessions
     assert 10.0 <= result.silent_for_s <= 13.0, result
     assert result.rescued_after_s <= 13.0, result
+    # its session is still held by the server, so its liveness lock too: the
+    # fast path (a free lock) must not fire, only the heartbeat staleness
+    assert all("no heartbeat" in reason for reason in result.rescue_reasons), result
     assert result.completed_elsewhere >= 1, result
     # the cut host's children finished their attempts; the lease guard dropped those outcomes
     assert result.late_executions >= 1, result
