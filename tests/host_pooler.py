@@ -53,6 +53,7 @@ class Pooled:
     cancel_seen_s: float = 0.0             # cancel_job -> the handler saw it
     cron_ticks: int = 0
     takeover_s: Optional[float] = None     # kill -9 of the leader -> the other leads
+    direct_locks: int = 0                  # advisory locks held by the hosts' direct sessions
     warnings: List[int] = field(default_factory=list)   # pooler warning lines, per supervisor log
     exit_codes: List[int] = field(default_factory=list)
     leftovers: Dict[str, int] = field(default_factory=dict)  # what stayed on pooled server sessions
@@ -163,6 +164,9 @@ def behind_pgbouncer(bench: Bench, work_dir: Path, *, mode: str, session_url: bo
             "SELECT (stats->>'listen')::bool FROM awa.supervisors WHERE stopped_at IS NULL ORDER BY id")]
         result.leaders = [row[0] for row in c.query("SELECT pid FROM awa.supervisors WHERE is_leader")]
         result.cron_ticks = int(c.scalar("SELECT count(*) FROM awa.jobs WHERE kind = 'cron_tick'"))
+        result.direct_locks = int(bench.server.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory'"
+            " AND a.client_addr = ANY(%s::inet[])", ([s.host.address for s in supervisors],))[0][0])
         result.warnings = [sum("transaction-mode pooler" in line for line in s.log(1_000_000).splitlines())
                            for s in supervisors]
         leader = c.leader()

@@ -10,6 +10,9 @@ import sys
 import psycopg2
 import pytest
 
+from awa_pool import pooling
+from awa_pool.db import connect
+
 import netns
 import pgbouncer
 from hostlab import wait_until
@@ -24,6 +27,15 @@ CONNECT = ("import psycopg2, sys\n"
 def _connect_from(host: netns.Host, url: str) -> subprocess.CompletedProcess:
     return subprocess.run(host.argv([sys.executable, "-c", CONNECT, url]), capture_output=True, text=True,
                           timeout=30)
+
+
+def test_a_direct_connection_is_told_apart_from_a_pooler(lab_bench) -> None:
+    url = lab_bench.server.url(host=lab_bench.server_address)
+    conn = connect(url, autocommit=True)
+    try:
+        assert pooling.classify(conn, url) == pooling.DIRECT
+    finally:
+        conn.close()
 
 
 def test_a_host_reaches_the_server_from_its_own_address_until_cut_off(lab_bench) -> None:
@@ -84,6 +96,12 @@ def test_a_private_pgbouncer_relays_a_host_to_the_server(lab_bench, mode: str) -
         host = lab_bench.lab.add_host("client")
         reached = _connect_from(host, bouncer.url("postgres"))
         assert reached.returncode == 0 and reached.stdout.strip() == lab_bench.server_address, reached
+        conn = connect(bouncer.url("postgres"), autocommit=True)
+        try:
+            assert pooling.classify(conn, bouncer.url("postgres")) == {
+                "transaction": pooling.TRANSACTION_POOLER, "session": pooling.SESSION_POOLER}[mode]
+        finally:
+            conn.close()
         admin = psycopg2.connect(bouncer.url("pgbouncer"))
         admin.autocommit = True
         with admin.cursor() as cur:

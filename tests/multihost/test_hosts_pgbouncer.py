@@ -23,6 +23,8 @@ def test_transaction_mode_with_a_session_url_does_everything(lab_bench, tmp_path
     result = host_pooler.behind_pgbouncer(lab_bench, tmp_path, mode="transaction", session_url=True)
     assert result.states == EVERY_FEATURE, result
     assert result.listening == [True, True] and len(result.leaders) == 1, result
+    # two liveness locks and the leader lock, on the session URL's direct sessions
+    assert result.direct_locks == 3, result
     assert result.cron_ticks >= 2 and result.takeover_s is not None and result.takeover_s <= 3.0, result
     assert result.cancel_seen_s <= 1.0, result          # the cancel's NOTIFY, on the direct session
     assert result.warnings == [0, 0], result
@@ -35,7 +37,7 @@ def test_transaction_mode_without_a_session_url_polls_and_never_leads(lab_bench,
     result = host_pooler.behind_pgbouncer(lab_bench, tmp_path, mode="transaction", session_url=False)
     assert result.states == {name: state for name, state in EVERY_FEATURE.items()
                              if name not in host_pooler.NEED_LEADER}, result
-    assert result.listening == [False, False] and result.leaders == [], result
+    assert result.listening == [False, False] and result.leaders == [] and result.direct_locks == 0, result
     assert result.cancel_seen_s <= 1.0, result          # found by polling every 0.2 s
     assert result.warnings == [1, 1], result             # one line each, at start
     assert result.leftovers == NOTHING_LEFT, result
