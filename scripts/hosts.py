@@ -28,10 +28,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import host_failover  # noqa: E402
+import host_pooler  # noqa: E402
+import host_rescue  # noqa: E402
 import host_scenarios  # noqa: E402
 import hostlab  # noqa: E402
 
-SCENARIOS = ("scaling", "partition-worker", "partition-leader", "latency", "failover")
+SCENARIOS = ("scaling", "partition-worker", "partition-leader", "partition-stop", "latency", "pgbouncer",
+             "fast-rescue", "failover")
 
 
 def say(text: str = "") -> None:
@@ -80,6 +83,41 @@ def partition_leader(bench: hostlab.Bench, work: Path, args: argparse.Namespace)
     return asdict(r)
 
 
+def partition_stop(bench: hostlab.Bench, work: Path, args: argparse.Namespace) -> Dict[str, Any]:
+    r = host_scenarios.partition_then_stop(bench, work)
+    say("### Scenario 2b: a cut-off host running 20 s jobs gets SIGTERM (default --shutdown-timeout 30s)\n")
+    _facts([("cut -> it notices the lost connection", f"{r.noticed_after_s:.1f} s"),
+            ("SIGTERM -> exit, still cut off", f"{r.exited_after_s:.1f} s (exit code {r.exit_code})"),
+            ("its jobs not completed in the end", r.not_completed)])
+    return asdict(r)
+
+
+def pgbouncer(bench: hostlab.Bench, work: Path, args: argparse.Namespace) -> Dict[str, Any]:
+    runs = [host_pooler.behind_pgbouncer(bench, work, mode=mode, session_url=session_url)
+            for mode, session_url in (("transaction", True), ("transaction", False), ("session", False))]
+    say("### Scenario 5: two supervisor hosts behind PgBouncer 1.18 (producer, admin calls and wait() too)\n")
+    say("| pool mode | session URL | LISTEN | leader | features that ended as expected | cancel seen by the handler "
+        "| leader killed -> other leads | left on pooled server sessions |")
+    say("|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        left = ", ".join(f"{n} {k}" for k, n in r.leftovers.items())
+        takeover = f"{r.takeover_s:.2f} s" if r.takeover_s is not None else "no leader (polling)"
+        say(f"| {r.mode} | {'yes' if r.session_url else 'no'} | {'yes' if all(r.listening) else 'no (polls)'} "
+            f"| {len(r.leaders)} | {len(r.states)}: {', '.join(r.states)} | {r.cancel_seen_s:.2f} s "
+            f"| {takeover} | {left} |")
+    say()
+    return {f"{r.mode}-{r.session_url}": asdict(r) for r in runs}
+
+
+def fast_rescue(bench: hostlab.Bench, work: Path, args: argparse.Namespace) -> Dict[str, Any]:
+    r = host_rescue.fast_rescue(bench, work, kills=args.kills)
+    say(f"### Fast rescue: kill -9 of the supervisor running a job, {r.kills} times\n")
+    _facts([("kill -> the job's next attempt started on another host",
+             f"p50 {r.p50:.2f} s, p95 {r.p95:.2f} s, max {r.worst:.2f} s"),
+            ("rescued by", f"the liveness lock ({sum('session ended' in x for x in r.reasons)} of {r.kills})")])
+    return asdict(r)
+
+
 def latency(bench: hostlab.Bench, work: Path, args: argparse.Namespace) -> Dict[str, Any]:
     r = host_scenarios.latency(bench, work, rounds=args.repeats)
     say(f"### Scenario 4: one host {r.delay_ms} ms away ({r.method}; SELECT 1 from it: "
@@ -116,7 +154,8 @@ def _facts(rows: List[tuple]) -> None:
 
 RUNNERS: Dict[str, Callable[[hostlab.Bench, Path, argparse.Namespace], Dict[str, Any]]] = {
     "scaling": scaling, "partition-worker": partition_worker, "partition-leader": partition_leader,
-    "latency": latency, "failover": failover}
+    "partition-stop": partition_stop, "latency": latency, "pgbouncer": pgbouncer, "fast-rescue": fast_rescue,
+    "failover": failover}
 
 
 def main() -> int:
@@ -125,6 +164,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=10000, help="jobs per drain in the scaling scenario")
     parser.add_argument("--workers", type=int, default=2, help="children per host in the scaling scenario")
     parser.add_argument("--repeats", type=int, default=3, help="runs per scaling point, latency rounds, failovers")
+    parser.add_argument("--kills", type=int, default=20, help="kill -9 rounds of the fast-rescue scenario")
     parser.add_argument("--work-dir", type=Path, help="keep supervisor logs here (default: a temp dir)")
     parser.add_argument("--json", type=Path, help="also write the measurements here")
     args = parser.parse_args()

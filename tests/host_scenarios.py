@@ -294,12 +294,14 @@ def _round_trip_ms(host: netns.Host, url: str) -> float:
     return float(done.stdout)
 
 
-def latency(bench: Bench, work_dir: Path, *, delay_s: float = 0.2, jobs: int = 5000,
-            rounds: int = 3) -> Latency:
-    """Hosts a and b drain `jobs` short recorded jobs alone, then again while
-    host c, whose traffic takes `delay_s` longer, claims too; `rounds`
-    rounds back to back so that the machine's load swings hit both sides.
-    Every job must run exactly once and none may need a second attempt."""
+def latency(bench: Bench, work_dir: Path, *, delay_s: float = 0.2, jobs: int = 400,
+            job_s: float = 0.05, rounds: int = 3) -> Latency:
+    """Hosts a and b drain `jobs` recorded jobs of `job_s` alone, then again
+    while host c, whose traffic takes `delay_s` longer, claims too; `rounds`
+    rounds back to back. Jobs that sleep make a and b's rate a matter of
+    their children and of the claim path (which a slow host could hold up),
+    not of the CPU the machine's other work leaves. Every job must run
+    exactly once and none may need a second attempt."""
     from delayline import DelayRelay
 
     relay = None
@@ -321,12 +323,12 @@ def latency(bench: Bench, work_dir: Path, *, delay_s: float = 0.2, jobs: int = 5
             codes: List[int] = []
             slow_pids: List[int] = []
             for _ in range(rounds):
-                ids = c.enqueue([Job("host_work", queue=QUEUE) for _ in range(jobs)])
+                ids = c.enqueue([Job("host_work", {"seconds": job_s}, queue=QUEUE) for _ in range(jobs)])
                 c.wait_terminal(ids, timeout=120)
                 alone.append(_rate_of(c, ids, [s.pid for s in pair]))
                 slow = c.start(slow_host, url=url)
                 c.wait_ready(pair + [slow], timeout=60)
-                ids_with = c.enqueue([Job("host_work", queue=QUEUE) for _ in range(jobs)])
+                ids_with = c.enqueue([Job("host_work", {"seconds": job_s}, queue=QUEUE) for _ in range(jobs)])
                 c.wait_terminal(ids_with, timeout=120)
                 with_slow.append(_rate_of(c, ids_with, [s.pid for s in pair]))
                 codes.append(c.stop(slow))

@@ -108,6 +108,7 @@ class Cluster:
         from awa_pool.migrate import migrate
 
         self.server = self.server or self.bench.server
+        self.work_dir = _fresh_dir(self.work_dir)
         self.name = self.name or f"awa_hosts_{os.getpid()}_{next(_databases)}"
         self.server.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
         self.server.execute(f'CREATE DATABASE "{self.name}"')
@@ -117,7 +118,7 @@ class Cluster:
         finally:
             conn.close()
         self.log_dir = self.work_dir / "exec"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir()
 
     # -- addresses --------------------------------------------------------------------
     @property
@@ -258,6 +259,18 @@ class Cluster:
                               "attempt": int(attempt), "lease": int(lease),
                               "supervisor_pid": int(supervisor_pid)})
         return sorted(found, key=lambda record: record["time"])
+
+
+def _fresh_dir(path: Path) -> Path:
+    """`path`, or `path-2`, `path-3`, ... if it is taken: each cluster's
+    execution logs must be its own (job ids and leases restart with every
+    database)."""
+    candidate, n = path, 1
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}-{n}")
+    candidate.mkdir(parents=True)
+    return candidate
 
 
 @contextmanager

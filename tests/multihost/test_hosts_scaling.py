@@ -13,17 +13,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hosts")]
 
 @pytest.mark.timeout(240)
 def test_more_hosts_drain_one_queue_at_least_as_fast_at_the_same_cost_per_job(lab_bench, tmp_path: Path) -> None:
-    runs = {n: host_scenarios.drain(lab_bench, tmp_path, hosts=n, jobs=6000) for n in (1, 2, 4)}
-    report = {n: (round(run.jobs_per_s), round(run.statements_per_job, 3), round(run.transactions_per_job, 3))
-              for n, run in runs.items()}
-    # on 2 cores: within 10 % of one host, or better
-    assert runs[2].jobs_per_s >= 0.9 * runs[1].jobs_per_s, report
-    assert runs[4].jobs_per_s >= 0.9 * runs[1].jobs_per_s, report
+    series = host_scenarios.drain_series(lab_bench, tmp_path, host_counts=[1, 2, 4], jobs=6000, repeats=2)
+    best = {n: max(run.jobs_per_s for run in runs) for n, runs in series.items()}
+    report = {n: [(round(r.jobs_per_s), round(r.statements_per_job, 3), round(r.transactions_per_job, 3))
+                  for r in runs] for n, runs in series.items()}
+    # on 2 cores: within 10 % of one host, or better (best of two interleaved
+    # runs each: the machine's other work only ever slows a run down)
+    assert best[2] >= 0.9 * best[1], report
+    assert best[4] >= 0.9 * best[1], report
     # PostgreSQL work per job stays small whatever the number of hosts: claims
     # and completions are batched, so well under one statement per job
-    for run in runs.values():
-        assert 0 < run.statements_per_job <= 0.1, report
-        assert 0 < run.transactions_per_job <= 0.15, report
+    for runs in series.values():
+        for run in runs:
+            assert 0 < run.statements_per_job <= 0.1, report
+            assert 0 < run.transactions_per_job <= 0.15, report
 
 
 @pytest.mark.timeout(240)
