@@ -7,7 +7,7 @@ import json
 import logging
 import selectors
 import time
-from typing import Any, List, Optional, Set, Tuple
+from typing import Any, Callable, List, Optional, Set, Tuple
 
 import psycopg2
 import psycopg2.extensions

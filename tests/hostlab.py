@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ import psycopg2
 
 import netns
 import pgserver
+from helpers import enqueue_jobs, query, scalar, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -37,15 +37,8 @@ def unavailable() -> Optional[str]:
 
 
 def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll predicate until truthy; raise AssertionError naming `what` after timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last value: {value!r})")
-        time.sleep(interval)
+    """helpers.wait_for, positionally: poll until truthy, fail naming `what`."""
+    return wait_for(predicate, timeout=timeout, interval=interval, message=what)
 
 
 @dataclass
@@ -208,30 +201,14 @@ class Cluster:
 
     # -- the database -----------------------------------------------------------------
     def query(self, sql: str, params: Any = None) -> list:
-        conn = psycopg2.connect(self.local_url, connect_timeout=5)
-        try:
-            conn.autocommit = True
-            with conn.cursor() as cur:
-                cur.execute(sql, params)
-                return cur.fetchall() if cur.description else []
-        finally:
-            conn.close()
+        return query(self.local_url, sql, params)
 
     def scalar(self, sql: str, params: Any = None) -> Any:
-        rows = self.query(sql, params)
-        return rows[0][0] if rows else None
+        return scalar(self.local_url, sql, params)
 
-    def enqueue(self, jobs: Sequence[Any], url: Optional[str] = None) -> List[int]:
+    def enqueue(self, jobs: Sequence[Any]) -> List[int]:
         """Enqueue in one committed transaction; the ids in order."""
-        import awa_pool
-
-        conn = psycopg2.connect(url or self.local_url, connect_timeout=5)
-        try:
-            ids = awa_pool.enqueue_many(conn, list(jobs))
-            conn.commit()
-            return ids
-        finally:
-            conn.close()
+        return enqueue_jobs(self.local_url, jobs)
 
     def states(self, ids: Sequence[int]) -> Dict[str, int]:
         return dict(self.query("SELECT state::text, count(*) FROM awa.jobs WHERE id = ANY(%s) GROUP BY 1",

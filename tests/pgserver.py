@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-import psycopg2
+from helpers import query
 
 SERVER_USER = "postgres"
 
@@ -164,14 +164,8 @@ class PrivateServer:
         return f"postgresql://postgres@{host or self.listen[0]}:{port or self.port}/{database}"
 
     def execute(self, sql: str, params: object = None, database: str = "postgres") -> list:
-        conn = psycopg2.connect(self.url(database), connect_timeout=5)
-        try:
-            conn.autocommit = True
-            with conn.cursor() as cur:
-                cur.execute(sql, params)
-                return cur.fetchall() if cur.description else []
-        finally:
-            conn.close()
+        """Rows of one autocommit statement on `database` (over loopback)."""
+        return query(self.url(database), sql, params)
 
     def remove(self) -> None:
         """Stop the server (immediately: its data goes) and delete its directory."""
