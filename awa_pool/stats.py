@@ -17,6 +17,7 @@ from .job import check_name
 from .sql import QUERIES
 
 SUPERVISOR_STALE_S = 10.0   # a supervisor silent for longer is not shown as alive
+KIND_SAMPLE = 1000          # kind_stats' percentiles: each kind's latest finished jobs
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,12 @@ class SupervisorInfo:
 @dataclass(frozen=True)
 class KindStats:
     """Per-kind attempt figures (SPEC §5): runs, outcomes, and p50/p95 of wall
-    time, CPU time and peak RSS over the attempts whose handler returned."""
+    time, CPU time and peak RSS over the attempts whose handler returned.
+
+    Without a window, the counts cover every attempt on record and the
+    figures (percentiles, rss_max, last_finished_at) the attempts of the
+    kind's latest `sampled` finished jobs plus the earlier attempts of its
+    live jobs; with one, both cover the attempts finished in it."""
 
     kind: str
     runs: int
@@ -109,6 +115,7 @@ class KindStats:
     rss_p95: Optional[float]
     rss_max: Optional[float]
     last_finished_at: Optional[datetime]
+    sampled: int = 0    # finished jobs the figures were computed from
 
 
 def _rows(cur: Any) -> List[Dict[str, Any]]:
@@ -142,13 +149,18 @@ def live_supervisors(conn: Any, stale_s: float = SUPERVISOR_STALE_S) -> List[Sup
         stats=row["stats"] if isinstance(row["stats"], dict) else {}) for row in rows]
 
 
-def kind_stats(conn: Any, kind: Optional[str] = None, since_s: Optional[float] = None) -> List[KindStats]:
-    """Per-kind figures over every attempt on record (or those that finished
-    within the last `since_s` seconds), by kind."""
+def kind_stats(conn: Any, kind: Optional[str] = None, since_s: Optional[float] = None,
+               sample: int = KIND_SAMPLE) -> List[KindStats]:
+    """Per-kind figures, by kind: counts over every attempt on record and
+    percentiles over each kind's latest `sample` finished jobs; or, with
+    `since_s`, both over the attempts that finished within that many
+    seconds. Neither reads all of history."""
     if kind is not None:
         check_name(kind, "kind")
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
+        raise ValueError(f"sample must be an int >= 1, got {sample!r}")
     with cursor_for(conn) as cur:
-        cur.execute(QUERIES["kind_stats"], {"kind": kind, "since_s": since_s})
+        cur.execute(QUERIES["kind_stats"], {"kind": kind, "since_s": since_s, "sample": sample})
         rows = _rows(cur)
     result = []
     for row in rows:
@@ -157,7 +169,7 @@ def kind_stats(conn: Any, kind: Optional[str] = None, since_s: Optional[float] =
         result.append(KindStats(
             kind=row["kind"], runs=int(row["runs"]), completed=int(row["completed"]),
             failures=int(row["failures"]), crashes=int(row["crashes"]), timeouts=int(row["timeouts"]),
-            last_finished_at=row["last_finished_at"], **figures))
+            last_finished_at=row["last_finished_at"], sampled=int(row["sampled"] or 0), **figures))
     return result
 
 
