@@ -72,7 +72,8 @@ class Supervisor:
         self.writing: Set[int] = set()  # child pipes watched for writability (outbox pending)
         self.queues: Dict[str, QueueConfig] = {}
         self.claimer = Claimer(config, self.children, self._db, lambda: self.conn is not None,
-                               self._claimed)
+                               self._claimed, held_back=self.completer.over_budget)
+        self.completer.on_relief = self._wake  # claiming resumes once big results are written
         self.leader: Optional[Leader] = None
         self.signals: List[int] = []
         self.wakeup_r = self.wakeup_w = -1
@@ -544,6 +545,10 @@ class Supervisor:
         """Start a graceful shutdown, as SIGTERM does (for embedding and tests);
         safe to call from another thread or a signal handler."""
         self.signals.append(signal.SIGTERM)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Make the loop look around now (safe from any thread)."""
         if self.wakeup_w >= 0:
             try:
                 os.write(self.wakeup_w, b"\0")
