@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command to reproduce docs/benchmarks.md: build the venvs, record the
-# machine, measure the SQL-only ceiling, run every workload for awa_pool and
-# its peers (interleaved, same session), measure the ceiling again.
+# machine, measure the SQL-only ceiling, run every workload for awa_pool, its
+# peers and the limit rows (interleaved, same session), measure the ceiling
+# again.
 #
 #   scripts/bench/bench.sh                      # all systems, all workloads, 3 reps
 #   REPS=1 scripts/bench/bench.sh               # quicker
@@ -10,14 +11,15 @@
 #   AWA_POOL_REF=HEAD scripts/bench/bench.sh    # measure a frozen commit, not the live tree
 #   scripts/bench/bench.sh --cfg 'awa_pool={"processes":1,"workers":1}'   # extra run.py args
 #
-# Needs: Python 3.11 (PYTHON=...), PyPI, and PostgreSQL at 127.0.0.1:5432,
-# user postgres, trust auth (BENCH_PG_HOST/PORT/USER override the driver's
-# connection; psql and pgbench are used for the SQL ceiling). The harness
-# creates and DROPS its own databases bench_<system> and limitdb.
+# Needs: Python 3.11 (PYTHON=...) and 3.12 (oban), PyPI, PostgreSQL at
+# 127.0.0.1:5432, user postgres, trust auth (BENCH_PG_HOST/PORT/USER override
+# the driver's connection; psql and pgbench are used for the SQL ceiling), and
+# Redis at 127.0.0.1:6379 for Celery (its adapter FLUSHDBs DB 7 only). The
+# harness creates and DROPS its own databases bench_<system> and limitdb.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-SYSTEMS="${SYSTEMS:-awa_pool,awa,procrastinate,pgqueuer,chancy}"
+SYSTEMS="${SYSTEMS:-awa_pool,awa,procrastinate,pgqueuer,chancy,celery,oban,dbos,sql_bare,process_pool}"
 WORKLOADS="${WORKLOADS:-all}"
 REPS="${REPS:-3}"
 TAG="${TAG:-}"
@@ -41,7 +43,7 @@ fi
 IFS=, read -r -a names <<<"$SYSTEMS"
 venvs=()
 for s in "${names[@]}"; do
-  case "$s" in awa_sync) v=awa ;; *) v="$s" ;; esac
+  case "$s" in awa_sync) v=awa ;; sql_bare|process_pool) v=limit ;; *) v="$s" ;; esac
   [[ " ${venvs[*]} " == *" $v "* ]] || venvs+=("$v")
 done
 ./setup_venvs.sh "${venvs[@]}"
@@ -66,9 +68,12 @@ envf="results/env-$stamp.txt"
   done
   echo "awa_pool source: ${AWA_POOL_SRC:-$(cd ../.. && pwd) (working tree, editable)} ${AWA_POOL_REF:+(snapshot of $AWA_POOL_REF = $sha)}"
   echo "awa_pool HEAD: $(git -C ../.. rev-parse --short HEAD 2>/dev/null || echo '?'), modified files: $(git -C ../.. status --porcelain -- awa_pool schema 2>/dev/null | wc -l)"
+  if command -v redis-cli >/dev/null; then
+    echo "redis (celery's broker): $(redis-cli -h 127.0.0.1 info server | tr -d '\r' | awk -F: '/^redis_version/{print "version " $2}'), appendonly $(redis-cli -h 127.0.0.1 config get appendonly | tail -1), save '$(redis-cli -h 127.0.0.1 config get save | tail -1)'"
+  fi
   echo "loadavg before: $(cat /proc/loadavg)"
   for v in "${venvs[@]}"; do
-    echo "venv $v: $("venvs/$v/bin/pip" freeze 2>/dev/null | grep -iE '^(-e |awa|procrastinate|pgqueuer|chancy|psycopg2-binary)' | tr '\n' ' ')"
+    echo "venv $v: $("venvs/$v/bin/pip" freeze 2>/dev/null | grep -iE '^(-e |awa|procrastinate|pgqueuer|chancy|celery|redis|oban|dbos|psycopg2-binary)' | tr '\n' ' ')"
   done
 } | tee "$envf"
 
@@ -85,7 +90,7 @@ echo "[ceiling before]" | tee -a "$envf"; ceiling
 extra=()
 if [ -n "${SMOKE:-}" ]; then
   REPS=1
-  extra=(--n-w1a 1000 --n-w1b 2000 --n-w2 2000 --n-w3 60 --n-w4 50 --n-w5 600)
+  extra=(--n-w1a 1000 --n-w1b 2000 --n-w2 2000 --n-w3 60 --n-w4 50 --n-w5 600 --n-w6 40)
   [ -n "$TAG" ] || stamp="$stamp-smoke"
 fi
 "$PY" run.py --systems "$SYSTEMS" --workloads "$WORKLOADS" --reps "$REPS" \

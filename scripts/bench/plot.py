@@ -2,8 +2,8 @@
 
     python scripts/bench/plot.py scripts/bench/results/summary-<stamp>.json --out docs/img/bench
 
-writes <out>-throughput.png (W1a, W1b, W2, W3, W5 jobs/s per system, median
-with min-max whiskers over the repetitions) and <out>-latency.png (W4 pickup
+writes <out>-throughput.png (W1a, W1b, W2, W3, W5, W6 jobs/s per system,
+median with min-max whiskers over the repetitions; limit rows in blue) and <out>-latency.png (W4 pickup
 p50/p95/p99 per system, same whiskers). Needs matplotlib.
 """
 from __future__ import annotations
@@ -13,7 +13,8 @@ import json
 
 THROUGHPUT = [("W1a", "W1a enqueue, 1 job per tx"), ("W1b", "W1b enqueue, batches of 1000"),
               ("W2", "W2 drain, no-op"), ("W3", "W3 CPU-bound, 25 ms jobs"),
-              ("W5", "W5 weighted queues, 20 ms jobs")]
+              ("W5", "W5 weighted queues, 20 ms jobs"), ("W6", "W6 zlib-9 of 1-4 MB")]
+LIMIT_ROWS = ("sql_bare", "process_pool")
 PERCENTILES = ("p50", "p95", "p99")
 
 
@@ -39,7 +40,8 @@ def bars(ax, systems, values, title, ylabel):
     x = np.arange(len(systems))
     medians = [v[0] if v else 0 for v in values]
     errors = [[v[1] if v else 0 for v in values], [v[2] if v else 0 for v in values]]
-    colours = ["tab:red" if s == "awa_pool" else "tab:gray" for s in systems]
+    colours = ["tab:red" if s == "awa_pool" else "tab:blue" if s in LIMIT_ROWS else "tab:gray"
+               for s in systems]
     ax.bar(x, medians, yerr=errors, color=colours, capsize=3)
     ax.set_xticks(x, systems, rotation=30, ha="right", fontsize=8)
     ax.set_title(title, fontsize=9)
@@ -68,7 +70,8 @@ def main() -> None:
 
     fig, axes = plt.subplots(1, len(THROUGHPUT), figsize=(3.2 * len(THROUGHPUT), 3.6))
     for ax, (workload, title) in zip(axes, THROUGHPUT):
-        bars(ax, systems, [stat(summary, s, workload, "jobs_per_s") for s in systems], title, "jobs/s")
+        ran = [s for s in systems if f"{s}/{workload}" in summary]
+        bars(ax, ran, [stat(summary, s, workload, "jobs_per_s") for s in ran], title, "jobs/s")
     fig.suptitle(f"Throughput, median of repetitions with min-max (run {stamp}; higher is better)",
                  fontsize=10)
     fig.tight_layout()
@@ -76,6 +79,7 @@ def main() -> None:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(7, 3.6))
+    systems = [s for s in systems if f"{s}/W4" in summary]
     x = np.arange(len(systems))
     width = 0.26
     for i, p in enumerate(PERCENTILES):

@@ -10,7 +10,7 @@ Several summaries (e.g. a main run and a later awa_pool run) are merged; for a
 import json
 import sys
 
-from run import HEAD, cell  # noqa: E402
+from run import HEAD, cell, label, limit_lines  # noqa: E402
 
 
 def fmt(e, m, spec="{:.0f}"):
@@ -34,16 +34,19 @@ def main(paths):
             systems.append(s)
         if w not in workloads:
             workloads.append(w)
-    order = ["W1a", "W1b", "W2", "W3", "W4", "W5"]
+    order = ["W1a", "W1b", "W2", "W3", "W4", "W5", "W6"]
     workloads = [w for w in order if w in workloads]
-    ver = {s: next((e["version"] for k, e in summary.items() if k.startswith(s + "/")
-                    and e.get("version")), "?") for s in systems}
+    names = {s: label(summary, s) for s in systems}
 
     print("### Headline (median of repetitions)\n")
     print("| system | version | " + " | ".join(HEAD[w] for w in workloads) + " |")
     print("|---|---|" + "---|" * len(workloads))
     for s in systems:
-        print(f"| {s} | {ver[s]} | " + " | ".join(cell(summary.get(f"{s}/{w}"), w) for w in workloads) + " |")
+        name, ver = names[s]
+        print(f"| {name} | {ver} | " + " | ".join(cell(summary.get(f"{s}/{w}"), w) for w in workloads) + " |")
+    extra = limit_lines(summary, systems)
+    if extra:
+        print("\n" + "\n".join(f"* {line}" for line in extra))
 
     print("\n### Detail: median (min–max) over repetitions; ok = runs that passed exactly-once + DB checks\n")
     print("| system | workload | N | ok | jobs/s | other |")
@@ -66,12 +69,15 @@ def main(paths):
                          f"p99 {fmt(e, 'latency_ms.p99', '{:.1f}')}, max {fmt(e, 'latency_ms.max', '{:.1f}')} ms")
             elif w == "W5":
                 other = f"hi share {fmt(e, 'hi_share', '{:.3f}')}"
+            elif w == "W6":
+                other = (f"busy {fmt(e, 'busy_ratio', '{:.2f}')}; in-run job {fmt(e, 'mean_job_ms', '{:.0f}')} ms; "
+                         f"startup {fmt(e, 'startup_s', '{:.2f}')} s")
             if e.get("duplicates_total") or e.get("missing_total"):
                 other += f"; DUPLICATES {e['duplicates_total']} MISSING {e['missing_total']}"
             if e.get("errors"):
                 other += "; errors: " + "; ".join(x[:80] for x in e["errors"])
-            jps = fmt(e, "jobs_per_s", "{:.1f}" if w == "W3" else "{:.0f}") if w != "W4" else "–"
-            print(f"| {s} | {w} | {e.get('n')} | {e['ok_runs']}/{e['runs']} | {jps} | {other} |")
+            jps = fmt(e, "jobs_per_s", "{:.1f}" if w in ("W3", "W6") else "{:.0f}") if w != "W4" else "–"
+            print(f"| {names[s][0]} | {w} | {e.get('n')} | {e['ok_runs']}/{e['runs']} | {jps} | {other} |")
 
     print("\n### Worker configuration used\n")
     print("| system | workload | worker_config |")
@@ -91,7 +97,7 @@ def runs(path):
     with open(path) as f:
         rows = [json.loads(line) for line in f]
     rows = [r for r in rows if "system" in r]
-    order = ["W1a", "W1b", "W2", "W3", "W4", "W5"]
+    order = ["W1a", "W1b", "W2", "W3", "W4", "W5", "W6"]
     rows.sort(key=lambda r: (order.index(r["workload"]) if r["workload"] in order else 9, r["rep"]))
     for r in rows:
         v = r.get("verify") or {}
