@@ -1,0 +1,218 @@
+"""The curves of scale.py that run supervisors on a big live state: backlog
+depth, jobs due at once, queue count, payload size, supervisor count. The
+history curve (operator reads) lives in scale_history.py.
+
+Each function takes the Context and the curve's points, builds each point's
+state with scale_build, measures it ctx.reps times and records every
+measurement with ctx.record.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, List
+
+import scale_build as build
+from scale_fleet import (Fleet, backend_pids, cpu_seconds, done_count, drain_rate, peak_rss,
+                         probe_pickups, wait_for)
+from scale_history import history  # noqa: F401  (scale.py looks curves up here)
+
+Q = "scale"
+DRAIN_WINDOW_S = 10.0        # a drain measurement stops after this long...
+DRAIN_CAP = 300_000          # ...or after this many jobs
+PROBES, PROBE_HZ = 100, 50.0  # pickup probes per measurement
+
+
+def _enqueue_rates(ctx: Any, conn: Any, point: Any, rep: int) -> None:
+    """One job per transaction (1,000 calls, autocommit) and enqueue_many
+    (20 chunks of 1,000) into queue Q, then remove what was added."""
+    awa = ctx.awa
+    with conn.cursor() as cur:
+        cur.execute("SELECT last_value FROM awa.job_id_seq")
+        before = cur.fetchone()[0]
+    conn.commit()
+    conn.autocommit = True
+    try:
+        n1 = 200 if ctx.small else 1000
+        t = time.perf_counter()
+        for i in range(n1):
+            awa.enqueue(conn, awa.Job("noop", {"e": i}, queue=Q))
+        ctx.record(point, "enqueue 1/tx", n1 / (time.perf_counter() - t), rep, "jobs/s")
+        chunks = 5 if ctx.small else 20
+        jobs = [[awa.Job("noop", {"e": c * 1000 + i}, queue=Q) for i in range(1000)] for c in range(chunks)]
+        t = time.perf_counter()
+        for chunk in jobs:
+            awa.enqueue_many(conn, chunk)
+        ctx.record(point, "enqueue_many", chunks * 1000 / (time.perf_counter() - t), rep, "jobs/s")
+    finally:
+        conn.autocommit = False
+    with conn.cursor() as cur:
+        cur.execute("DELETE FROM awa.jobs_hot WHERE id > %s", (before,))
+    conn.commit()
+    build.vacuum(conn, "awa.jobs_hot")
+
+
+def _drain_window(ctx: Any, conn: Any, fleet: Fleet, queues: List[str], target: int,
+                  window_s: float = DRAIN_WINDOW_S) -> float:
+    """Wait for the first completion, then until `target` jobs are done or
+    the window has passed; returns when the first completion was seen."""
+    first = wait_for(lambda: done_count(conn, queues) > 0, 120, "the first completion", fleet, every=0.05)
+    wait_for(lambda: done_count(conn, queues) >= target or time.time() - first > window_s,
+             window_s + 600, f"{target} completions", fleet, every=0.25)
+    return first
+
+
+def backlog(ctx: Any, depths: List[int]) -> None:
+    for depth in depths:
+        ctx.say(f"backlog {depth:,}: building")
+        ctx.fresh()
+        conn = ctx.connect()
+        build.add_available(conn, Q, depth)
+        build.vacuum(conn, "awa.jobs_hot")
+        for rep in range(1, ctx.reps + 1):
+            _enqueue_rates(ctx, conn, depth, rep)
+        for rep in range(1, ctx.reps + 1):
+            since = time.time()
+            with Fleet(ctx.dsn, supervisors=2, workers=1, queues=[Q], source=ctx.source) as fleet:
+                wait_for(lambda: done_count(conn, [Q]) > 0, 120, "the first completion", fleet, every=0.05)
+                lat = probe_pickups(ctx.dsn, fleet, Q, PROBES, PROBE_HZ, ctx.awa)
+                _drain_window(ctx, conn, fleet, [Q], min(depth, DRAIN_CAP))
+            rate = drain_rate(conn, [Q], since)
+            ctx.record(depth, "drain", rate["jobs_per_s"], rep, "jobs/s")
+            lat.sort()
+            ctx.record(depth, "pickup p50", statistics.median(lat), rep, "ms")
+            ctx.record(depth, "pickup p99", lat[min(len(lat) - 1, int(0.99 * len(lat)))], rep, "ms")
+            left = build.count(conn, "SELECT count(*) FROM awa.jobs_hot WHERE queue = %s", (Q,))
+            ctx.record(depth, "backlog left at the end", left, rep, "jobs")
+            if rep < ctx.reps:  # back to the same depth, vacuumed, no history
+                build.add_available(conn, Q, depth - left, first=depth + rep * depth)
+                build.clear_done(conn)
+                build.vacuum(conn, "awa.jobs_hot")
+        conn.close()
+
+
+def scheduled(ctx: Any, sizes: List[int]) -> None:
+    """n jobs scheduled for one moment T. The build is timed on a trial chunk
+    first, so T is set to fall a few seconds after the build and its VACUUM."""
+    for n in sizes:
+        ctx.fresh()
+        conn = ctx.connect()
+        t = time.time()
+        build.add_scheduled(conn, Q, 10_000, time.time() + 86400)
+        per_job = (time.time() - t) / 10_000
+        for rep in range(1, ctx.reps + 1):
+            build.clear_live(conn)
+            build.clear_done(conn)
+            due = time.time() + n * per_job * 2.0 + n * 2e-5 + 15
+            ctx.say(f"scheduled {n:,}: building, due in {due - time.time():.0f} s")
+            build.add_scheduled(conn, Q, n, due)
+            build.vacuum(conn, "awa.jobs_deferred", "awa.jobs_hot")
+            if time.time() > due - 3:
+                raise RuntimeError("the build overran the due time; raise the margin")
+            with Fleet(ctx.dsn, supervisors=2, workers=1, queues=[Q], source=ctx.source) as fleet:
+                promoted = wait_for(lambda: time.time() >= due and build.count(
+                    conn, "SELECT count(*) FROM awa.jobs_deferred") == 0, 900, "every job promoted",
+                    fleet, every=0.25)
+                wait_for(lambda: done_count(conn, [Q]) >= n, 1800, "every job done", fleet, every=0.5)
+            last = build.count(conn, "SELECT extract(epoch FROM max(attempted_at)) * 1000 FROM awa.jobs_done")
+            ctx.record(n, "promotion", n / max(promoted - due, 1e-3), rep, "jobs/s")
+            ctx.record(n, "due to all promoted", promoted - due, rep, "s")
+            ctx.record(n, "due to last running", last / 1000.0 - due, rep, "s")
+            ctx.record(n, "drain", drain_rate(conn, [Q], due)["jobs_per_s"], rep, "jobs/s")
+        conn.close()
+
+
+def queues(ctx: Any, counts: List[int]) -> None:
+    """Weighted shares with 20 ms jobs (1 supervisor x 15 children; even
+    queues weight 2, odd weight 1), then no-op drain and CPU per job (2
+    supervisors x 1 child serving every queue)."""
+    for count in counts:
+        names = [f"q{i:04d}" for i in range(count)]
+        specs = [f"{q}={2 if i % 2 == 0 else 1}" for i, q in enumerate(names)]
+        ctx.fresh()
+        conn = ctx.connect()
+        for rep in range(1, ctx.reps + 1):
+            build.clear_live(conn)
+            build.clear_done(conn)
+            per = max(8, (2000 if ctx.small else 8000) // count)
+            for q in names:
+                build.add_available(conn, q, per, kind="sleep")
+            build.vacuum(conn, "awa.jobs_hot")
+            half = per * count // 2
+            with Fleet(ctx.dsn, supervisors=1, workers=15, queues=specs, source=ctx.source) as fleet:
+                wait_for(lambda: len(fleet.records("start")) >= half, 600, f"{half} job starts", fleet)
+                starts = sorted(fleet.records("start"), key=lambda r: float(r[1]))[:half]
+            span = float(starts[-1][1]) - float(starts[0][1])
+            ctx.record(count, "20 ms jobs started", half / span, rep, "jobs/s")
+            if count > 1:
+                heavy = sum(1 for q, _ in starts if int(q[1:]) % 2 == 0)
+                ctx.record(count, "share of weight-2 queues (ideal 0.667)", heavy / half, rep, "share")
+            build.clear_live(conn)
+            build.clear_done(conn)
+            per = max(20, (10_000 if ctx.small else 60_000) // count)
+            for q in names:
+                build.add_available(conn, q, per)
+            build.vacuum(conn, "awa.jobs_hot")
+            since = time.time()
+            with Fleet(ctx.dsn, supervisors=2, workers=1, queues=names, source=ctx.source) as fleet:
+                wait_for(lambda: done_count(conn, names) > 0, 120, "the first completion", fleet, every=0.05)
+                pids = fleet.pids()
+                pg = backend_pids(conn, ctx.dbname)
+                all_pids = pids["supervisors"] + pids["children"] + pg
+                cpu0, done0 = {p: cpu_seconds(p) for p in all_pids}, done_count(conn, names)
+                wait_for(lambda: done_count(conn, names) >= per * count * 0.9, 600, "90% done", fleet)
+                cpu1, done1 = {p: cpu_seconds(p) for p in all_pids}, done_count(conn, names)
+            jobs = max(done1 - done0, 1)
+            for label, group in (("supervisor", pids["supervisors"]), ("children", pids["children"]),
+                                 ("postgres", pg)):
+                used = sum(cpu1[p] - cpu0[p] for p in group)
+                ctx.record(count, f"CPU per job, {label}", 1e6 * used / jobs, rep, "us")
+            ctx.record(count, "no-op drain", drain_rate(conn, names, since)["jobs_per_s"], rep, "jobs/s")
+        conn.close()
+
+
+def payloads(ctx: Any, sizes: List[int]) -> None:
+    """Jobs whose args carry `size` characters and whose result returns them
+    (1 supervisor x 2 children); peak RSS read from /proc before stopping."""
+    for size in sizes:
+        n = max(50, min(20_000, (30_000_000 if ctx.small else 300_000_000) // size))
+        ctx.fresh()
+        conn = ctx.connect()
+        for rep in range(1, ctx.reps + 1):
+            build.clear_live(conn)
+            build.clear_done(conn)
+            build.add_blobs(conn, Q, n, size)
+            build.vacuum(conn, "awa.jobs_hot")
+            since = time.time()
+            with Fleet(ctx.dsn, supervisors=1, workers=2, queues=[Q], source=ctx.source) as fleet:
+                wait_for(lambda: done_count(conn, [Q], kind="echo") >= n, 1800, f"{n} jobs done", fleet)
+                pids = fleet.pids()
+                sup = max(peak_rss(p) for p in pids["supervisors"])
+                child = max((peak_rss(p) for p in pids["children"]), default=0)
+            rate = drain_rate(conn, [Q], since, kind="echo")["jobs_per_s"]
+            ctx.record(size, "jobs", rate, rep, "jobs/s")
+            ctx.record(size, "payload in and out", rate * size * 2 / 1e6, rep, "MB/s")
+            ctx.record(size, "peak RSS supervisor", sup / 2**20, rep, "MiB")
+            ctx.record(size, "peak RSS child (max)", child / 2**20, rep, "MiB")
+            ctx.record(size, "jobs per measurement", n, rep, "jobs")
+        conn.close()
+
+
+def supervisors(ctx: Any, counts: List[int]) -> None:
+    """k supervisors with one child each drain one queue's backlog."""
+    depth = 60_000 if ctx.small else 400_000
+    ctx.fresh()
+    conn = ctx.connect()
+    build.add_available(conn, Q, depth)
+    build.vacuum(conn, "awa.jobs_hot")
+    for k in counts:
+        for rep in range(1, ctx.reps + 1):
+            since = time.time()
+            with Fleet(ctx.dsn, supervisors=k, workers=1, queues=[Q], source=ctx.source) as fleet:
+                _drain_window(ctx, conn, fleet, [Q], min(depth, DRAIN_CAP // 2))
+            ctx.record(k, "drain", drain_rate(conn, [Q], since)["jobs_per_s"], rep, "jobs/s")
+            left = build.count(conn, "SELECT count(*) FROM awa.jobs_hot WHERE queue = %s", (Q,))
+            build.add_available(conn, Q, depth - left, first=10_000_000 * k + rep * depth)
+            build.clear_done(conn)
+            build.vacuum(conn, "awa.jobs_hot")
+    conn.close()

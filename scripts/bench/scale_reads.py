@@ -1,0 +1,101 @@
+"""The operator reads scale.py times against a big history: the Python API
+(queue_stats, list_jobs, get_job, kind_stats), the CLI commands operators
+type (run in-process, so Python's start-up is not counted, but connecting,
+the schema check, the query and the formatting are) and a Prometheus scrape
+of a live supervisor.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+import urllib.request
+from typing import Any, Callable, Dict, List, Tuple
+
+import psycopg2
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    fn()
+    return 1000.0 * (time.perf_counter() - t)
+
+
+def cli(argv: List[str]) -> Callable[[], None]:
+    """A call of `awa-pool ARGV` in this process; fails unless it exits 0."""
+    from awa_pool.cli import main
+
+    def run() -> None:
+        out, err = io.StringIO(), io.StringIO()
+        code = 0
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(argv)
+            except SystemExit as exc:
+                code = exc.code or 0
+        if code:
+            raise RuntimeError(f"awa-pool {' '.join(argv)} exited {code}: {err.getvalue().strip()}")
+    return run
+
+
+def scrape(port: int) -> Callable[[], None]:
+    def run() -> None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+            body = resp.read().decode()
+        if "awa_queue_stats_up 1.0" not in body:
+            raise RuntimeError("the scrape's queue gauges failed (awa_queue_stats_up is not 1)")
+    return run
+
+
+def api_reads(dsn: str, sample_id: int, deep_age_s: float) -> List[Tuple[str, Callable[[], None]]]:
+    """(name, call) for each API read, on one connection, each in its own
+    transaction (rolled back: reads only)."""
+    import awa_pool
+    from awa_pool.stats import kind_stats
+
+    conn = psycopg2.connect(dsn)
+
+    def in_tx(fn: Callable[[Any], Any]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn(conn)
+            finally:
+                conn.rollback()
+        return run
+
+    return [
+        ("queue_stats", in_tx(awa_pool.queue_stats)),
+        ("list_jobs first page", in_tx(lambda c: awa_pool.list_jobs(c, limit=100))),
+        ("list_jobs deep page", in_tx(lambda c: awa_pool.list_jobs(c, limit=100, older_than=deep_age_s))),
+        ("list_jobs state=failed", in_tx(lambda c: awa_pool.list_jobs(c, state="failed", limit=100))),
+        ("get_job", in_tx(lambda c: awa_pool.get_job(c, sample_id))),
+        ("kind_stats", in_tx(lambda c: kind_stats(c))),
+        ("kind_stats since 1h", in_tx(lambda c: kind_stats(c, since_s=3600.0))),
+    ], conn
+
+
+def cli_reads(dsn: str) -> List[Tuple[str, Callable[[], None]]]:
+    base = ["--database-url", dsn]
+    return [
+        ("awa-pool queues", cli(["queues"] + base)),
+        ("awa-pool kinds", cli(["kinds"] + base)),
+        ("awa-pool kinds --since 1h", cli(["kinds", "--since", "1h"] + base)),
+        ("awa-pool jobs list", cli(["jobs", "list"] + base)),
+    ]
+
+
+def time_reads(reads: List[Tuple[str, Callable[[], None]]], reps: int, pause_s: float = 0.0,
+               timeout_ms: float = 600_000) -> Dict[str, List[float]]:
+    """Each read `reps` times (after one untimed warm-up call, so caches are
+    as an operator who looks twice finds them); milliseconds per call."""
+    out: Dict[str, List[float]] = {}
+    for name, fn in reads:
+        first = _timed(fn)
+        times = []
+        if first < timeout_ms:
+            for _ in range(reps):
+                if pause_s:
+                    time.sleep(pause_s)
+                times.append(_timed(fn))
+        out[name] = times or [first]
+    return out
