@@ -259,10 +259,12 @@ def kinds(kind: Optional[str] = typer.Option(None, "--kind", "-k", help="Only th
           database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
     """Per kind: runs, failures, crashes, timeouts and p50/p95 wall, CPU and peak RSS.
 
-    Figures cover every attempt still on record (terminal jobs are kept for
-    the retention period). FAILURES counts attempts that raised, retried or
-    were lost; percentiles only use attempts whose handler returned or raised."""
-    from .stats import kind_stats
+    Counts cover every attempt still on record (terminal jobs are kept for
+    the retention period); percentiles and RSS MAX each kind's latest 1,000
+    finished jobs. With --since, both cover the attempts that finished in
+    that window. FAILURES counts attempts that raised, retried or were lost;
+    percentiles only use attempts whose handler returned or raised."""
+    from .stats import KIND_SAMPLE, kind_stats
 
     since_s = duration(since, "--since")
     with connection(database_url) as conn:
@@ -270,7 +272,7 @@ def kinds(kind: Optional[str] = typer.Option(None, "--kind", "-k", help="Only th
     if json_out:
         emit_json(rows)
     else:
-        say(out.kinds_table(rows))
+        say(out.kinds_table(rows, window=since, sample=KIND_SAMPLE))
 
 
 @app.command()

@@ -259,14 +259,20 @@ def queue_json(overview: Any) -> dict:
     return value
 
 
-def kinds_table(kinds: Sequence[Any]) -> str:
+def kinds_table(kinds: Sequence[Any], window: Optional[str] = None, sample: int = 0) -> str:
     rows = [[k.kind, k.runs, k.completed, k.failures, k.crashes, k.timeouts,
              f"{seconds(k.wall_p50)} / {seconds(k.wall_p95)}",
              f"{seconds(k.cpu_p50)} / {seconds(k.cpu_p95)}",
              f"{size(k.rss_p50)} / {size(k.rss_p95)}", size(k.rss_max)] for k in kinds]
-    return to_text(table(["KIND", "RUNS", "OK", "FAILURES", "CRASHES", "TIMEOUTS", "WALL p50/p95",
+    text = to_text(table(["KIND", "RUNS", "OK", "FAILURES", "CRASHES", "TIMEOUTS", "WALL p50/p95",
                           "CPU p50/p95", "PEAK RSS p50/p95", "RSS MAX"], rows, right=range(1, 10),
                          empty="no attempts on record"))
+    if not kinds:
+        return text
+    if window:
+        return text + f"\nevery figure: attempts that finished in the last {window}"
+    return (text + "\ncounts: every attempt on record; p50/p95 and RSS MAX: each kind's latest "
+            f"{sample:,} finished jobs (--since for a window)")
 
 
 def schedules_table(schedules: Sequence[Any]) -> str:

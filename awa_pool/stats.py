@@ -19,6 +19,7 @@ from .job import check_name
 from .sql import QUERIES
 
 SUPERVISOR_STALE_S = 10.0   # a supervisor silent for longer is not shown as alive
+KIND_SAMPLE = 1000          # kind_stats' percentiles: each kind's latest finished jobs
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,9 @@ class QueueStats(QueueDepth):
     ones still retained), whether it is paused, its lag (age of its oldest
     available job in seconds, 0 when none) and its recent throughput."""
 
-    completed: Optional[int] = 0   # None when not counted (queue_stats(retained_totals=False))
+    completed: int = 0
     failed: int = 0
-    cancelled: Optional[int] = 0   # likewise
+    cancelled: int = 0
     paused: bool = False
     lag_seconds: float = 0.0
     finished_10s: int = 0   # jobs that reached a terminal state in the last 10 s
@@ -105,7 +106,12 @@ class SupervisorInfo:
 @dataclass(frozen=True)
 class KindStats:
     """Per-kind attempt figures (SPEC §5): runs, outcomes, and p50/p95 of wall
-    time, CPU time and peak RSS over the attempts whose handler returned."""
+    time, CPU time and peak RSS over the attempts whose handler returned.
+
+    Without a window, the counts cover every attempt on record and the
+    figures (percentiles, rss_max, last_finished_at) the attempts of the
+    kind's latest `sampled` finished jobs plus the earlier attempts of its
+    live jobs; with one, both cover the attempts finished in it."""
 
     kind: str
     runs: int
@@ -121,6 +127,7 @@ class KindStats:
     rss_p95: Optional[float]
     rss_max: Optional[float]
     last_finished_at: Optional[datetime]
+    sampled: int = 0    # finished jobs the figures were computed from
 
 
 def _rows(cur: Any) -> List[Dict[str, Any]]:
@@ -132,19 +139,16 @@ _COUNTS = ("available", "running", "scheduled", "retryable", "waiting_external",
            "failed", "cancelled", "finished_10s", "finished_60s")
 
 
-def queue_stats(conn: Any, *, retained_totals: bool = True) -> List[QueueStats]:
+def queue_stats(conn: Any) -> List[QueueStats]:
     """One QueueStats per known queue (with jobs, history or settings), by name.
-    Read in the caller's transaction; never commits.
-
-    retained_totals=False leaves `completed` and `cancelled` uncounted (None):
-    counting them reads every retained row of the queue's history index
-    (about 0.2 s of CPU with a million rows), too much for a view that
-    refreshes every few seconds. `failed` is still counted (few rows)."""
+    Read in the caller's transaction; never commits. Terminal totals come
+    from the history's running counts (awa.done_counts), so the cost does
+    not grow with retained history."""
     with cursor_for(conn) as cur:
-        cur.execute(QUERIES["queue_stats"], {"retained_totals": bool(retained_totals)})
+        cur.execute(QUERIES["queue_stats"])
         rows = _rows(cur)
     return [QueueStats(queue=row["queue"], paused=bool(row["paused"]), lag_seconds=float(row["lag_s"] or 0.0),
-                       **{name: int(row[name]) if row[name] is not None else None for name in _COUNTS})
+                       **{name: int(row[name]) for name in _COUNTS})
             for row in rows]
 
 
@@ -160,13 +164,18 @@ def live_supervisors(conn: Any, stale_s: float = SUPERVISOR_STALE_S) -> List[Sup
         stats=row["stats"] if isinstance(row["stats"], dict) else {}) for row in rows]
 
 
-def kind_stats(conn: Any, kind: Optional[str] = None, since_s: Optional[float] = None) -> List[KindStats]:
-    """Per-kind figures over every attempt on record (or those that finished
-    within the last `since_s` seconds), by kind."""
+def kind_stats(conn: Any, kind: Optional[str] = None, since_s: Optional[float] = None,
+               sample: int = KIND_SAMPLE) -> List[KindStats]:
+    """Per-kind figures, by kind: counts over every attempt on record and
+    percentiles over each kind's latest `sample` finished jobs; or, with
+    `since_s`, both over the attempts that finished within that many
+    seconds. Neither reads all of history."""
     if kind is not None:
         check_name(kind, "kind")
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
+        raise ValueError(f"sample must be an int >= 1, got {sample!r}")
     with cursor_for(conn) as cur:
-        cur.execute(QUERIES["kind_stats"], {"kind": kind, "since_s": since_s})
+        cur.execute(QUERIES["kind_stats"], {"kind": kind, "since_s": since_s, "sample": sample})
         rows = _rows(cur)
     result = []
     for row in rows:
@@ -175,7 +184,7 @@ def kind_stats(conn: Any, kind: Optional[str] = None, since_s: Optional[float] =
         result.append(KindStats(
             kind=row["kind"], runs=int(row["runs"]), completed=int(row["completed"]),
             failures=int(row["failures"]), crashes=int(row["crashes"]), timeouts=int(row["timeouts"]),
-            last_finished_at=row["last_finished_at"], **figures))
+            last_finished_at=row["last_finished_at"], sampled=int(row["sampled"] or 0), **figures))
     return result
 
 

@@ -19,14 +19,14 @@
 --
 -- Contents
 --   1. Schema, version table, types, sequences
---   2. Tables: hot jobs, deferred jobs, terminal history (the done ring),
---      the awa.jobs view, queues, unique keys, supervisors, task defaults,
---      batches, cron, waiters, retired callbacks
+--   2. Tables: hot jobs, deferred jobs, terminal history (the done ring and
+--      its running counts), the awa.jobs view, queues, unique keys,
+--      supervisors, task defaults, batches, cron, waiters, retired callbacks
 --   3. Producer functions
 --   4. Claim, completion and the other outcomes of an attempt
 --   5. Callbacks
 --   6. Leader maintenance: promotion, rescue, retention, cron
---   7. Admin
+--   7. Admin and operator statistics
 --   8. Privileges: batch guard, grant/revoke helpers, no PUBLIC execute
 --   9. Migration versions
 
@@ -201,8 +201,8 @@ CREATE INDEX jobs_done_queue ON awa.jobs_done (queue, state, finalized_at);
 CREATE INDEX jobs_done_dlq ON awa.jobs_done (queue, kind) WHERE dead_lettered;
 CREATE INDEX jobs_done_batch ON awa.jobs_done (batch_id) WHERE batch_id IS NOT NULL;
 CREATE INDEX jobs_done_callback ON awa.jobs_done (callback_id) WHERE callback_id IS NOT NULL;
--- The dashboard's kind pages (0017): the kind list, per-kind counts and latest
--- runs; the trouble index holds only failed, cancelled or retried rows.
+-- The dashboard's kind pages (0017) and awa.kind_stats: the kind list, per-kind
+-- counts and latest runs; the trouble index holds only failed, cancelled or retried rows.
 CREATE INDEX jobs_done_kind ON awa.jobs_done (kind, finalized_at);
 CREATE INDEX jobs_done_trouble ON awa.jobs_done (kind, finalized_at)
     WHERE state <> 'completed' OR attempt_log IS NOT NULL;
@@ -215,6 +215,34 @@ CREATE TABLE awa.done_ring (
     rotated_at  timestamptz NOT NULL DEFAULT now()
 );
 INSERT INTO awa.done_ring DEFAULT VALUES;
+
+-- Running counts of terminal history, so that operator reads never count
+-- it row by row: per ring segment, queue, kind and state, the jobs and
+-- what their attempts were (as awa.kind_stats counts them). The triggers
+-- of section 4 keep it exact in the writer's transaction; each session
+-- writes its own rows (slot = its backend pid), so completion flushes never
+-- wait on each other; the rotation forgets the truncated segment's rows and
+-- folds the other segments' into slot 0.
+CREATE TABLE awa.done_counts (
+    segment   smallint      NOT NULL,
+    slot      integer       NOT NULL,   -- the writing backend's pid; 0 = folded by the rotation
+    queue     text          NOT NULL,
+    kind      text          NOT NULL,
+    state     awa.job_state NOT NULL,
+    jobs      bigint        NOT NULL DEFAULT 0,
+    runs      bigint        NOT NULL DEFAULT 0,  -- attempts with outcome figures (kind_stats' runs)
+    ok        bigint        NOT NULL DEFAULT 0,
+    failures  bigint        NOT NULL DEFAULT 0,
+    crashes   bigint        NOT NULL DEFAULT 0,
+    timeouts  bigint        NOT NULL DEFAULT 0,
+    CONSTRAINT done_counts_pkey PRIMARY KEY (segment, slot, queue, kind, state)
+) WITH (
+    -- updated by every completion flush: room on the page for HOT updates
+    fillfactor = 50,
+    autovacuum_vacuum_scale_factor = 0.0,
+    autovacuum_vacuum_threshold = 2000,
+    autovacuum_vacuum_cost_delay = 0
+);
 
 -- 2.4 Every job wherever it is, read-only, for admin queries.
 CREATE VIEW awa.jobs AS
@@ -1190,6 +1218,152 @@ END $$;
 CREATE TRIGGER jobs_done_notify AFTER INSERT ON awa.jobs_done
     FOR EACH STATEMENT EXECUTE FUNCTION awa.notify_done();
 
+-- The figures of a set of job rows, as one statement over `%1$s` (a
+-- relation of awa.jobs_done rows) that adds them, times %2$s (1 or -1), to
+-- awa.done_counts. kind_stats' rules: a terminal job's own attempt counts
+-- when it was attempted and either has figures or failed; its outcome is
+-- its state, a failed job's the kind of its last error; every attempt_log
+-- entry counts with its own outcome. The insert trigger's static statement
+-- below is the same with %1$s = new_rows and %2$s = 1.
+CREATE FUNCTION awa.done_counts_sql() RETURNS text
+LANGUAGE sql IMMUTABLE AS $sql$ SELECT $q$
+    WITH own AS (
+        SELECT r.segment, r.queue, r.kind, r.state, count(*) AS jobs,
+               count(*) FILTER (WHERE c.counted) AS runs,
+               count(*) FILTER (WHERE c.counted AND c.outcome = 'completed') AS ok,
+               count(*) FILTER (WHERE c.counted AND c.outcome IN ('failed', 'fatal', 'retry', 'lost',
+                                                                  'deadline', 'callback_timeout')) AS failures,
+               count(*) FILTER (WHERE c.counted AND c.outcome = 'crash') AS crashes,
+               count(*) FILTER (WHERE c.counted AND c.outcome = 'timeout') AS timeouts
+          FROM %1$s r
+         CROSS JOIN LATERAL (SELECT
+               r.attempted_at IS NOT NULL AND (r.wall_s IS NOT NULL OR r.state = 'failed') AS counted,
+               CASE r.state WHEN 'failed' THEN coalesce(r.errors -> -1 ->> 'kind', 'failed')
+                            WHEN 'cancelled' THEN 'cancel' ELSE r.state::text END AS outcome) c
+         GROUP BY 1, 2, 3, 4
+    ),
+    logged AS (
+        SELECT r.segment, r.queue, r.kind, r.state, 0::bigint AS jobs, count(*) AS runs,
+               count(*) FILTER (WHERE e ->> 'outcome' = 'completed') AS ok,
+               count(*) FILTER (WHERE e ->> 'outcome' IN ('failed', 'fatal', 'retry', 'lost',
+                                                          'deadline', 'callback_timeout')) AS failures,
+               count(*) FILTER (WHERE e ->> 'outcome' = 'crash') AS crashes,
+               count(*) FILTER (WHERE e ->> 'outcome' = 'timeout') AS timeouts
+          FROM %1$s r CROSS JOIN LATERAL jsonb_array_elements(r.attempt_log) AS e
+         WHERE r.attempt_log IS NOT NULL AND jsonb_typeof(r.attempt_log) = 'array'
+         GROUP BY 1, 2, 3, 4
+    )
+    INSERT INTO awa.done_counts AS t (segment, slot, queue, kind, state, jobs, runs, ok, failures,
+                                      crashes, timeouts)
+    SELECT segment, pg_backend_pid(), queue, kind, state, %2$s * sum(jobs), %2$s * sum(runs),
+           %2$s * sum(ok), %2$s * sum(failures), %2$s * sum(crashes), %2$s * sum(timeouts)
+      FROM (SELECT * FROM own UNION ALL SELECT * FROM logged) x
+     GROUP BY segment, queue, kind, state
+    ON CONFLICT ON CONSTRAINT done_counts_pkey DO UPDATE
+       SET jobs = t.jobs + excluded.jobs, runs = t.runs + excluded.runs, ok = t.ok + excluded.ok,
+           failures = t.failures + excluded.failures, crashes = t.crashes + excluded.crashes,
+           timeouts = t.timeouts + excluded.timeouts
+$q$ $sql$;
+
+-- The triggers' body. Inserts (every completion flush) run one cached
+-- statement; deletes and updates (purges, retries, the rotation's carry)
+-- are rare and run the same text dynamically. Runs as the owner, so any
+-- role that may write history keeps the counts right without privileges
+-- on them.
+CREATE FUNCTION awa.count_done() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        WITH own AS (
+            SELECT r.segment, r.queue, r.kind, r.state, count(*) AS jobs,
+                   count(*) FILTER (WHERE c.counted) AS runs,
+                   count(*) FILTER (WHERE c.counted AND c.outcome = 'completed') AS ok,
+                   count(*) FILTER (WHERE c.counted AND c.outcome IN ('failed', 'fatal', 'retry', 'lost',
+                                                                      'deadline', 'callback_timeout')) AS failures,
+                   count(*) FILTER (WHERE c.counted AND c.outcome = 'crash') AS crashes,
+                   count(*) FILTER (WHERE c.counted AND c.outcome = 'timeout') AS timeouts
+              FROM new_rows r
+             CROSS JOIN LATERAL (SELECT
+                   r.attempted_at IS NOT NULL AND (r.wall_s IS NOT NULL OR r.state = 'failed') AS counted,
+                   CASE r.state WHEN 'failed' THEN coalesce(r.errors -> -1 ->> 'kind', 'failed')
+                                WHEN 'cancelled' THEN 'cancel' ELSE r.state::text END AS outcome) c
+             GROUP BY 1, 2, 3, 4
+        ),
+        logged AS (
+            SELECT r.segment, r.queue, r.kind, r.state, 0::bigint AS jobs, count(*) AS runs,
+                   count(*) FILTER (WHERE e ->> 'outcome' = 'completed') AS ok,
+                   count(*) FILTER (WHERE e ->> 'outcome' IN ('failed', 'fatal', 'retry', 'lost',
+                                                              'deadline', 'callback_timeout')) AS failures,
+                   count(*) FILTER (WHERE e ->> 'outcome' = 'crash') AS crashes,
+                   count(*) FILTER (WHERE e ->> 'outcome' = 'timeout') AS timeouts
+              FROM new_rows r CROSS JOIN LATERAL jsonb_array_elements(r.attempt_log) AS e
+             WHERE r.attempt_log IS NOT NULL AND jsonb_typeof(r.attempt_log) = 'array'
+             GROUP BY 1, 2, 3, 4
+        )
+        INSERT INTO awa.done_counts AS t (segment, slot, queue, kind, state, jobs, runs, ok, failures,
+                                          crashes, timeouts)
+        SELECT segment, pg_backend_pid(), queue, kind, state, sum(jobs), sum(runs), sum(ok),
+               sum(failures), sum(crashes), sum(timeouts)
+          FROM (SELECT * FROM own UNION ALL SELECT * FROM logged) x
+         GROUP BY segment, queue, kind, state
+        ON CONFLICT ON CONSTRAINT done_counts_pkey DO UPDATE
+           SET jobs = t.jobs + excluded.jobs, runs = t.runs + excluded.runs, ok = t.ok + excluded.ok,
+               failures = t.failures + excluded.failures, crashes = t.crashes + excluded.crashes,
+               timeouts = t.timeouts + excluded.timeouts;
+    ELSE
+        EXECUTE format(awa.done_counts_sql(), 'old_rows', -1);
+        IF TG_OP = 'UPDATE' THEN
+            EXECUTE format(awa.done_counts_sql(), 'new_rows', 1);
+        END IF;
+    END IF;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER jobs_done_count_insert AFTER INSERT ON awa.jobs_done
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION awa.count_done();
+CREATE TRIGGER jobs_done_count_delete AFTER DELETE ON awa.jobs_done
+    REFERENCING OLD TABLE AS old_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION awa.count_done();
+CREATE TRIGGER jobs_done_count_update AFTER UPDATE ON awa.jobs_done
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION awa.count_done();
+
+-- TRUNCATE of the whole history forgets every count (the rotation's
+-- TRUNCATE of one segment is handled by awa.fold_done_counts).
+CREATE FUNCTION awa.forget_done_counts() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    DELETE FROM awa.done_counts;
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER jobs_done_count_truncate AFTER TRUNCATE ON awa.jobs_done
+    FOR EACH STATEMENT EXECUTE FUNCTION awa.forget_done_counts();
+
+-- After a rotation TRUNCATEd segment p_truncated: forget its counts, and
+-- fold every session's rows of the segments no longer written into slot 0.
+CREATE FUNCTION awa.fold_done_counts(p_truncated smallint) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    DELETE FROM awa.done_counts c WHERE c.segment = p_truncated;
+    WITH gone AS (
+        DELETE FROM awa.done_counts c
+         WHERE c.segment <> p_truncated AND c.slot <> 0
+        RETURNING c.*
+    )
+    INSERT INTO awa.done_counts AS t (segment, slot, queue, kind, state, jobs, runs, ok, failures,
+                                      crashes, timeouts)
+    SELECT segment, 0, queue, kind, state, sum(jobs), sum(runs), sum(ok), sum(failures),
+           sum(crashes), sum(timeouts)
+      FROM gone
+     GROUP BY segment, queue, kind, state
+    ON CONFLICT ON CONSTRAINT done_counts_pkey DO UPDATE
+       SET jobs = t.jobs + excluded.jobs, runs = t.runs + excluded.runs, ok = t.ok + excluded.ok,
+           failures = t.failures + excluded.failures, crashes = t.crashes + excluded.crashes,
+           timeouts = t.timeouts + excluded.timeouts;
+END $$;
+
 
 -- ===========================================================================
 -- 5. Callbacks (jobs waiting on an external system)
@@ -1524,6 +1698,7 @@ BEGIN
             GET DIAGNOSTICS v_carried = ROW_COUNT;
         END IF;
         EXECUTE format('TRUNCATE awa.%I', 'jobs_done_' || v_oldest);
+        PERFORM awa.fold_done_counts(v_oldest);
         UPDATE awa.done_ring SET current = v_oldest, rotated_at = now();
         PERFORM set_config('lock_timeout', v_timeout, true);
     EXCEPTION WHEN lock_not_available THEN
@@ -1790,6 +1965,201 @@ BEGIN
 END $$;
 
 
+-- Operator statistics (behind queue_stats(), kind_stats(), the CLI, `top`
+-- and the metrics): neither reads all of terminal history.
+-- One row per known queue (a queue with live jobs, a row in awa.queues or
+-- retained history): live counts from the hot and deferred tables,
+-- terminal ones from awa.done_counts, jobs finished in the last 10 and 60
+-- seconds from jobs_done's (queue, state, finalized_at) index, lag_s the
+-- age of the oldest available job (0 when none).
+CREATE FUNCTION awa.queue_stats()
+RETURNS TABLE (queue text, available bigint, running bigint, scheduled bigint, retryable bigint,
+               waiting_external bigint, completed bigint, failed bigint, cancelled bigint,
+               finished_10s bigint, finished_60s bigint, lag_s double precision, paused boolean)
+LANGUAGE sql STABLE SET jit = off AS $$
+WITH live AS (
+    SELECT h.queue, h.state::text AS state, count(*) AS n,
+           min(h.run_at) FILTER (WHERE h.state = 'available') AS oldest
+      FROM awa.jobs_hot h
+     GROUP BY 1, 2
+    UNION ALL
+    SELECT d.queue, d.state::text, count(*), NULL
+      FROM awa.jobs_deferred d
+     GROUP BY 1, 2
+),
+done AS (
+    SELECT c.queue,
+           sum(c.jobs) FILTER (WHERE c.state = 'completed')::bigint AS completed,
+           sum(c.jobs) FILTER (WHERE c.state = 'failed')::bigint AS failed,
+           sum(c.jobs) FILTER (WHERE c.state = 'cancelled')::bigint AS cancelled
+      FROM awa.done_counts c
+     GROUP BY c.queue
+    HAVING sum(c.jobs) <> 0
+),
+names AS (
+    SELECT l.queue AS name FROM live l
+    UNION
+    SELECT q.name FROM awa.queues q
+    UNION
+    SELECT d.queue FROM done d
+)
+SELECT n.name,
+       coalesce(sum(l.n) FILTER (WHERE l.state = 'available'), 0)::bigint,
+       coalesce(sum(l.n) FILTER (WHERE l.state = 'running'), 0)::bigint,
+       coalesce(sum(l.n) FILTER (WHERE l.state = 'scheduled'), 0)::bigint,
+       coalesce(sum(l.n) FILTER (WHERE l.state = 'retryable'), 0)::bigint,
+       coalesce(sum(l.n) FILTER (WHERE l.state = 'waiting_external'), 0)::bigint,
+       coalesce(min(d.completed), 0), coalesce(min(d.failed), 0), coalesce(min(d.cancelled), 0),
+       (SELECT count(*) FROM awa.jobs_done x
+         WHERE x.queue = n.name AND x.state IN ('completed', 'failed', 'cancelled')
+           AND x.finalized_at > now() - interval '10 seconds'),
+       (SELECT count(*) FROM awa.jobs_done x
+         WHERE x.queue = n.name AND x.state IN ('completed', 'failed', 'cancelled')
+           AND x.finalized_at > now() - interval '60 seconds'),
+       greatest(0, coalesce(extract(epoch FROM now() - min(l.oldest)), 0))::double precision,
+       coalesce(bool_or(q.paused), false)
+  FROM names n
+  LEFT JOIN live l ON l.queue = n.name
+  LEFT JOIN done d ON d.queue = n.name
+  LEFT JOIN awa.queues q ON q.name = n.name
+ GROUP BY n.name
+ ORDER BY n.name
+$$;
+
+-- Per kind: runs, completions, failures, crashes and timeouts, and p50/p95
+-- of wall time, CPU time and peak RSS over attempts whose handler returned
+-- or raised (a crashed, timed-out or lost attempt has no figures).
+--   p_since_s NULL: counts over every attempt on record (awa.done_counts for
+--     terminal jobs, plus the earlier attempts of live jobs); figures over
+--     each kind's latest p_sample finished jobs (their attempts) plus the
+--     live jobs' earlier attempts. Bounded: it never reads all of history.
+--   p_since_s given: counts and figures over the attempts that finished in
+--     that window (an index range per kind).
+-- sampled: how many finished jobs the figures read for the kind.
+CREATE FUNCTION awa.kind_stats(p_kind text, p_since_s double precision, p_sample integer)
+RETURNS TABLE (kind text, runs bigint, completed bigint, failures bigint, crashes bigint,
+               timeouts bigint, wall_p50 double precision, wall_p95 double precision,
+               cpu_p50 double precision, cpu_p95 double precision, rss_p50 double precision,
+               rss_p95 double precision, rss_max double precision, last_finished_at timestamptz,
+               sampled bigint)
+LANGUAGE sql STABLE SET jit = off AS $$
+WITH live AS (
+    -- earlier attempts of jobs not terminal yet
+    SELECT j.kind, e ->> 'outcome' AS outcome,
+           (e ->> 'wall_seconds')::double precision AS wall_s,
+           (e ->> 'cpu_seconds')::double precision AS cpu_s,
+           (e ->> 'peak_rss_bytes')::double precision AS peak_rss,
+           (e ->> 'finished_at')::timestamptz AS finished_at
+      FROM (SELECT h.kind, h.attempt_log FROM awa.jobs_hot h WHERE h.attempt_log IS NOT NULL
+            UNION ALL
+            SELECT d.kind, d.attempt_log FROM awa.jobs_deferred d WHERE d.attempt_log IS NOT NULL) j
+     CROSS JOIN LATERAL jsonb_array_elements(j.attempt_log) AS e
+     WHERE jsonb_typeof(j.attempt_log) = 'array'
+       AND (p_kind IS NULL OR j.kind = p_kind)
+       AND (p_since_s IS NULL OR (e ->> 'finished_at')::timestamptz > now() - make_interval(secs => p_since_s))
+),
+kinds AS (
+    SELECT c.kind FROM awa.done_counts c
+     WHERE p_kind IS NULL OR c.kind = p_kind
+     GROUP BY c.kind HAVING sum(c.jobs) > 0
+    UNION
+    SELECT l.kind FROM live l
+),
+picked AS (
+    -- each kind's latest p_sample finished jobs, or all in the window
+    SELECT d.*
+      FROM kinds k
+     CROSS JOIN LATERAL (
+        SELECT x.kind, x.state, x.errors, x.attempt_log, x.attempted_at, x.finalized_at,
+               x.wall_s, x.cpu_s, x.peak_rss
+          FROM awa.jobs_done x
+         WHERE x.kind = k.kind
+           AND (p_since_s IS NULL OR x.finalized_at > now() - make_interval(secs => p_since_s))
+         ORDER BY x.finalized_at DESC
+         LIMIT CASE WHEN p_since_s IS NULL THEN p_sample END) d
+),
+attempts AS (
+    SELECT p.kind,
+           CASE WHEN p.state = 'failed' THEN coalesce(p.errors -> -1 ->> 'kind', 'failed')
+                WHEN p.state = 'cancelled' THEN 'cancel'
+                ELSE p.state::text END AS outcome,
+           p.wall_s::double precision AS wall_s, p.cpu_s::double precision AS cpu_s,
+           p.peak_rss::double precision AS peak_rss, p.finalized_at AS finished_at
+      FROM picked p
+     WHERE p.attempted_at IS NOT NULL AND (p.wall_s IS NOT NULL OR p.state = 'failed')
+    UNION ALL
+    SELECT p.kind, e ->> 'outcome', (e ->> 'wall_seconds')::double precision,
+           (e ->> 'cpu_seconds')::double precision, (e ->> 'peak_rss_bytes')::double precision,
+           (e ->> 'finished_at')::timestamptz
+      FROM picked p
+     CROSS JOIN LATERAL jsonb_array_elements(p.attempt_log) AS e
+     WHERE p.attempt_log IS NOT NULL AND jsonb_typeof(p.attempt_log) = 'array'
+       AND (p_since_s IS NULL OR (e ->> 'finished_at')::timestamptz > now() - make_interval(secs => p_since_s))
+    UNION ALL
+    SELECT l.kind, l.outcome, l.wall_s, l.cpu_s, l.peak_rss, l.finished_at FROM live l
+),
+figures AS (
+    SELECT a.kind,
+           count(*) AS runs,
+           count(*) FILTER (WHERE a.outcome = 'completed') AS completed,
+           count(*) FILTER (WHERE a.outcome IN ('failed', 'fatal', 'retry', 'lost', 'deadline',
+                                                'callback_timeout')) AS failures,
+           count(*) FILTER (WHERE a.outcome = 'crash') AS crashes,
+           count(*) FILTER (WHERE a.outcome = 'timeout') AS timeouts,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY a.wall_s) FILTER (WHERE m.measured) AS wall_p50,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY a.wall_s) FILTER (WHERE m.measured) AS wall_p95,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY a.cpu_s) FILTER (WHERE m.measured) AS cpu_p50,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY a.cpu_s) FILTER (WHERE m.measured) AS cpu_p95,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY a.peak_rss) FILTER (WHERE m.measured) AS rss_p50,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY a.peak_rss) FILTER (WHERE m.measured) AS rss_p95,
+           max(a.peak_rss) AS rss_max,
+           max(a.finished_at) AS last_finished_at
+      FROM attempts a
+     CROSS JOIN LATERAL (SELECT a.outcome NOT IN ('crash', 'timeout', 'lost', 'deadline', 'interrupted',
+                                                  'callback_timeout', 'released') AS measured) m
+     GROUP BY a.kind
+),
+counted AS (
+    -- without a window: every attempt on record, terminal ones from the counts
+    SELECT c.kind, sum(c.runs) AS runs, sum(c.ok) AS completed, sum(c.failures) AS failures,
+           sum(c.crashes) AS crashes, sum(c.timeouts) AS timeouts
+      FROM awa.done_counts c
+     WHERE p_since_s IS NULL AND (p_kind IS NULL OR c.kind = p_kind)
+     GROUP BY c.kind
+),
+live_counted AS (
+    SELECT l.kind, count(*) AS runs,
+           count(*) FILTER (WHERE l.outcome = 'completed') AS completed,
+           count(*) FILTER (WHERE l.outcome IN ('failed', 'fatal', 'retry', 'lost', 'deadline',
+                                                'callback_timeout')) AS failures,
+           count(*) FILTER (WHERE l.outcome = 'crash') AS crashes,
+           count(*) FILTER (WHERE l.outcome = 'timeout') AS timeouts
+      FROM live l
+     WHERE p_since_s IS NULL
+     GROUP BY l.kind
+)
+SELECT k.kind,
+       CASE WHEN p_since_s IS NULL THEN coalesce(c.runs, 0) + coalesce(lc.runs, 0) ELSE f.runs END::bigint,
+       CASE WHEN p_since_s IS NULL THEN coalesce(c.completed, 0) + coalesce(lc.completed, 0)
+            ELSE f.completed END::bigint,
+       CASE WHEN p_since_s IS NULL THEN coalesce(c.failures, 0) + coalesce(lc.failures, 0)
+            ELSE f.failures END::bigint,
+       CASE WHEN p_since_s IS NULL THEN coalesce(c.crashes, 0) + coalesce(lc.crashes, 0)
+            ELSE f.crashes END::bigint,
+       CASE WHEN p_since_s IS NULL THEN coalesce(c.timeouts, 0) + coalesce(lc.timeouts, 0)
+            ELSE f.timeouts END::bigint,
+       f.wall_p50, f.wall_p95, f.cpu_p50, f.cpu_p95, f.rss_p50, f.rss_p95, f.rss_max,
+       f.last_finished_at,
+       (SELECT count(*) FROM picked p WHERE p.kind = k.kind)
+  FROM kinds k
+  JOIN figures f ON f.kind = k.kind
+  LEFT JOIN counted c ON c.kind = k.kind
+  LEFT JOIN live_counted lc ON lc.kind = k.kind
+ WHERE CASE WHEN p_since_s IS NULL THEN coalesce(c.runs, 0) + coalesce(lc.runs, 0) ELSE f.runs END > 0
+ ORDER BY k.kind
+$$;
+
+
 -- ===========================================================================
 -- 8. Privileges (SPEC §6): a producer role and a worker role
 -- ===========================================================================
@@ -1908,6 +2278,8 @@ BEGIN
         EXECUTE format('GRANT SELECT, TRUNCATE ON %s TO %I', t, p_role);
     END LOOP;
     EXECUTE format('GRANT SELECT, UPDATE ON awa.done_ring TO %I', p_role);
+    -- queue_stats() and kind_stats() read the history's counts
+    EXECUTE format('GRANT SELECT ON awa.done_counts TO %I', p_role);
     EXECUTE format('GRANT SELECT, UPDATE, DELETE ON awa.batches TO %I', p_role);
     EXECUTE format('GRANT SELECT, DELETE ON awa.unique_keys TO %I', p_role);
     EXECUTE format('GRANT SELECT, INSERT, DELETE ON awa.callbacks_retired TO %I', p_role);
@@ -1961,4 +2333,5 @@ INSERT INTO awa.schema_migrations (version, name) VALUES
     (15, 'light_rotation'),
     (16, 'task_timeouts'),
     (17, 'dashboard_indexes'),
-    (18, 'fast_rescue');
+    (18, 'fast_rescue'),
+    (19, 'history_rollups');

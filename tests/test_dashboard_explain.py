@@ -96,7 +96,7 @@ def test_overview_kinds_dlq_and_job_queries_never_scan_history_sequentially(big)
         ("dash_batch_members", {"batch_id": 1, "limit": 100}),
         ("dash_job_extra", {"id": big["failed"]}),
         ("get_job", {"id": big["failed"]}),
-        ("queue_stats", {"retained_totals": False}),
+        ("queue_stats", {}),
     ]
     now = time.time()
     for window in (3600.0, 86400.0):

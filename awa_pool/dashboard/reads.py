@@ -122,9 +122,8 @@ def _rows(cur: Any) -> List[Dict[str, Any]]:
 
 def queue_rows(conn: Any) -> List[QueueStats]:
     """Every known queue's counts, pause flag, lag and recent throughput: the
-    dashboard's one call into the queue read model. Retained completed and
-    cancelled totals are left out: the overview refreshes every 2 s."""
-    return queue_stats(conn, retained_totals=False)
+    dashboard's one call into the queue read model."""
+    return queue_stats(conn)
 
 
 @dataclass(frozen=True)
