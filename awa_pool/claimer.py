@@ -39,6 +39,7 @@ class Claimer:
         self.blocked_until: Dict[str, float] = {}
         self.job_seconds: Dict[str, float] = {}
         self.shards: Dict[str, int] = {}
+        self.stride = dispatcher.Stride()   # weighted turns across plans
         self.lane_cursor = random.randrange(1 << 16)
         self.claims = 0          # claim statements sent (the lease counter)
         self.empty_claims = 0    # ... that found nothing
@@ -101,7 +102,7 @@ class Claimer:
             blocked = self._blocked(now)
             demand = [name for name, flag in self.has_work.items() if flag]
             plan = dispatcher.plan(len(idle), self.config.workers, self.queues,
-                                   self.children.busy_by_queue(), demand, blocked)
+                                   self.children.busy_by_queue(), demand, blocked, self.stride)
             if not plan:
                 break
             assigned = 0
@@ -123,8 +124,8 @@ class Claimer:
         blocked = self._blocked(now)
         busy = self.children.busy_by_queue()
         demand = {name for name, flag in self.has_work.items() if flag and name not in blocked}
-        share = dispatcher.entitlements(self.config.workers, self.queues,
-                                        demand | {name for name, n in busy.items() if n})
+        share = self.stride.shares(self.config.workers, self.queues,
+                                   demand | {name for name, n in busy.items() if n})
         for name, kids in wanting.items():
             if name not in demand or self.job_seconds.get(name, 1.0) >= PREFETCH_BELOW_S:
                 continue  # nothing to take, or jobs too long to queue ahead

@@ -11,7 +11,7 @@ import pytest
 from awa_pool import Job, pause_queue, resume_queue
 from awa_pool.claimer import Claimer
 from awa_pool.config import PoolConfig, QueueConfig
-from awa_pool.dispatcher import entitlements, plan
+from awa_pool.dispatcher import Stride, entitlements, plan
 from helpers import enqueue_jobs, count_lines, exec_records, query, states, wait_for
 
 
@@ -53,6 +53,32 @@ def test_plan_skips_blocked_and_idle_queues():
     assert plan(4, 4, configs, {}, ["a", "b"], blocked=["a"]) == {"b": 4}
     assert plan(4, 4, configs, {}, []) == {}
     assert plan(0, 4, configs, {}, ["a"]) == {}
+
+
+@pytest.mark.parametrize("queues", [3, 100, 1000])
+def test_weights_hold_with_more_queues_than_children(queues):
+    """15 children, queues of weights 2 and 1 all backlogged, children
+    coming free one at a time: weight-2 queues get their weights' part of
+    the hand-outs and every queue gets its turns, also when shares are
+    fractions of a child."""
+    configs = {f"q{i}": q(weight=2 if i % 2 == 0 else 1) for i in range(queues)}
+    held = []                      # the queue each busy child serves, oldest first
+    busy: dict = {}
+    stride = Stride()
+    given = dict.fromkeys(configs, 0)
+    for _ in range(6000):
+        idle = 15 - len(held)
+        for name, count in plan(idle, 15, configs, busy, list(configs), stride=stride).items():
+            held += [name] * count
+            busy[name] = busy.get(name, 0) + count
+            given[name] += count
+        done = held.pop(0)         # the longest-running child finishes
+        busy[done] -= 1
+    heavy = sum(n for name, n in given.items() if configs[name].weight == 2)
+    ideal = sum(c.weight for c in configs.values() if c.weight == 2) / sum(c.weight for c in configs.values())
+    assert abs(heavy / sum(given.values()) - ideal) < 0.02
+    light = [n for name, n in given.items() if configs[name].weight == 1]
+    assert min(light) > 0 and max(light) - min(light) <= 2
 
 
 @pytest.mark.xdist_group("cpu")

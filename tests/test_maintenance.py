@@ -65,6 +65,25 @@ def test_promote_moves_due_jobs_and_wakes_their_queue(auto, dsn) -> None:
     assert _tick(auto, PromoteDue()) == 0
 
 
+def test_promotion_keeps_going_while_full_batches_come_back(auto, dsn) -> None:
+    """A tick promotes batch after batch until one comes back short or its
+    time budget is spent; with work left it asks the runner to run it again
+    at once instead of after its interval."""
+    awa_pool.enqueue_many(auto, [Job("a", queue="due", delay=3600) for _ in range(7)])
+    query(dsn, "UPDATE awa.jobs_deferred SET run_at = now() - interval '1 second'")
+    assert _tick(auto, PromoteDue(batch=2)) == 7   # 2 + 2 + 2 + 1: all in one tick
+    awa_pool.enqueue_many(auto, [Job("a", queue="due", delay=3600) for _ in range(5)])
+    query(dsn, "UPDATE awa.jobs_deferred SET run_at = now() - interval '1 second'")
+    budgeted = PromoteDue(batch=2, budget_s=0.0)   # one batch per tick
+    runner = Maintenance([budgeted])
+    with auto.cursor() as cur:
+        assert runner.run_due(cur) == 0.0 and budgeted.more   # more to do: due again now
+        runner.run_due(cur)
+        runner.run_due(cur)
+        assert not budgeted.more and runner.run_due(cur) > 0.0
+    assert scalar(dsn, "SELECT count(*) FROM awa.jobs_hot WHERE queue = 'due'") == 12
+
+
 def test_rescue_lost_requeues_jobs_of_dead_supervisors_only(auto, dsn) -> None:
     ids = awa_pool.enqueue_many(auto, [Job("k", queue=q, max_attempts=m) for q, m in
                                        (("dead", 5), ("stopped", 5), ("alive", 5), ("last", 1))])
