@@ -27,12 +27,14 @@ Db = Callable[[str, Callable[[Any], Any]], Any]
 
 class Claimer:
     def __init__(self, config: PoolConfig, children: Children, db: Db,
-                 connected: Callable[[], bool], on_claimed: Callable[[str, List[ClaimedJob]], None]) -> None:
+                 connected: Callable[[], bool], on_claimed: Callable[[str, List[ClaimedJob]], None],
+                 held_back: Callable[[], bool] = lambda: False) -> None:
         self.config = config
         self.children = children
         self.db = db
         self.connected = connected
         self.on_claimed = on_claimed
+        self.held_back = held_back   # true while outcomes wait to be written: claim nothing
         self.supervisor_id = 0
         self.queues: Dict[str, QueueConfig] = {}
         self.has_work: Dict[str, bool] = {}
@@ -96,7 +98,7 @@ class Claimer:
         so they never wait for a claim between batches."""
         for _ in range(len(self.queues) + 1):
             idle = self.children.idle()
-            if not idle or not self.connected():
+            if not idle or not self.connected() or self.held_back():
                 break
             now = time.monotonic()
             blocked = self._blocked(now)
@@ -114,7 +116,7 @@ class Claimer:
                 assigned += got
             if assigned == len(idle):
                 break
-        if self.connected():
+        if self.connected() and not self.held_back():
             self._refill(time.monotonic())
 
     def _refill(self, now: float) -> None:

@@ -25,6 +25,18 @@ log = logging.getLogger(__name__)
 
 FLUSH_SIZE = 200
 PROGRESS_INTERVAL_S = 1.0
+# Results and progress are JSON text held until written. A flush writes
+# them in statements of at most FLUSH_BYTES (one outcome at least), and the
+# supervisor stops claiming while more than PENDING_BYTES_CAP wait, so a
+# supervisor's memory does not grow with result size times throughput
+# (issue 23: 1 MB results).
+FLUSH_BYTES = 8 << 20
+PENDING_BYTES_CAP = 32 << 20
+
+
+def payload_bytes(o: Outcome) -> int:
+    """The JSON text an outcome carries to the database."""
+    return len(o.result or "") + len(o.progress or "")
 
 
 def _array(values, text=repr) -> str:
@@ -99,10 +111,24 @@ class Completer:
         """Write everything pending; returns [(job id, new state)] actually
         applied (stale outcomes are silently dropped by the lease guard)."""
         applied: List[Tuple[int, str]] = []
-        if self.completed and self.others:
+        big = sum(payload_bytes(o) for o in self.completed + self.others) > FLUSH_BYTES
+        if self.completed and self.others and not big:
             applied += self._flush_both(cur)
-        if self.completed:
-            applied += self._flush_completed(cur)
+        while self.completed:  # in statements of at most FLUSH_BYTES of results
+            size, count = 0, 0
+            for o in self.completed:
+                size += payload_bytes(o)
+                if count and size > FLUSH_BYTES:
+                    break
+                count += 1
+            chunk, rest = self.completed[:count], self.completed[count:]
+            self.completed = chunk
+            try:
+                applied += self._flush_completed(cur)
+            except BaseException:
+                self.completed = chunk + rest  # nothing unwritten is dropped
+                raise
+            self.completed = rest
         if self.others:
             applied += self._flush_others(cur)
         if self.progress:
@@ -254,6 +280,11 @@ class BackgroundCompleter:
         self.failures = 0
         self.force = False  # flush progress at once (shutdown)
         self.on_applied: Optional[Any] = None
+        # JSON text of results and progress not yet written (buffered or in
+        # flight); over PENDING_BYTES_CAP the supervisor claims nothing, and
+        # on_relief() is called once it is back under.
+        self.pending_bytes = 0
+        self.on_relief: Optional[Any] = None
         # Outcome arrivals (see _company_window): how often add() brings
         # some, and whether the last caller expected more soon.
         self.buffer_adds = 0  # add() calls that brought what the buffer holds
@@ -274,6 +305,7 @@ class BackgroundCompleter:
         with self.lock:
             for outcome in outcomes:
                 self.buffer.add(outcome)
+                self.pending_bytes += payload_bytes(outcome)
                 added += 1
             if added:
                 if self.last_add_at is not None:
@@ -293,6 +325,11 @@ class BackgroundCompleter:
     def pending(self) -> int:
         with self.lock:
             return self.buffer.pending + len(self.in_flight)
+
+    def over_budget(self) -> bool:
+        """True while results and progress waiting to be written exceed
+        PENDING_BYTES_CAP: claim nothing more until they are written."""
+        return self.pending_bytes > PENDING_BYTES_CAP
 
     def pending_ids(self) -> Set[int]:
         with self.lock:
@@ -413,7 +450,13 @@ class BackgroundCompleter:
         finally:
             with self.lock:
                 self.in_flight = set()
+                # what is still unwritten is in the buffer now (a failed flush merged back)
+                before = self.pending_bytes
+                self.pending_bytes = sum(payload_bytes(o) for o in self.buffer.completed + self.buffer.others)
+                relieved = before > PENDING_BYTES_CAP >= self.pending_bytes
                 self.flushed.notify_all()
+            if relieved and self.on_relief is not None:
+                self.on_relief()
 
 
 def _merge(older: Completer, newer: Completer) -> Completer:

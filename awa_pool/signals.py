@@ -84,6 +84,10 @@ class SignalRelay:
         """Ask for a drain, as SIGTERM does, without chaining the host's
         handler; safe from another thread or a signal handler."""
         self.pending.append((signal.SIGTERM, False))
+        self.wake()
+
+    def wake(self) -> None:
+        """Make the loop look around now; safe from any thread."""
         if self.write_fd >= 0:
             try:
                 os.write(self.write_fd, b"\0")

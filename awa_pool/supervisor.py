@@ -70,9 +70,10 @@ class Supervisor:
         self.writing: Set[int] = set()  # child pipes watched for writability (outbox pending)
         self.queues: Dict[str, QueueConfig] = {}
         self.claimer = Claimer(config, self.children, self._db, lambda: self.session.connected,
-                               self._claimed)
+                               self._claimed, held_back=self.completer.over_budget)
         self.leader: Optional[Leader] = None
         self.signals = SignalRelay()
+        self.completer.on_relief = self.signals.wake  # claiming resumes once big results are written
         self.exit_code = 0
         self.fatal: Optional[str] = None
         self.drain_deadline: Optional[float] = None

@@ -108,3 +108,38 @@ def test_no_wait_for_company_when_no_job_is_running(auto, dsn) -> None:
                  message="the last outcome written at once, not after a company window")
     finally:
         completer.stop()
+
+
+def test_big_results_go_in_bounded_statements_and_hold_claiming_back(auto, dsn, monkeypatch) -> None:
+    """Results of ~1 MB: a flush writes them in statements of at most
+    FLUSH_BYTES (one result at least), and while more than
+    PENDING_BYTES_CAP of them wait, over_budget() is true; on_relief() is
+    called once they are written."""
+    import awa_pool.completer as completer_module
+
+    monkeypatch.setattr(completer_module, "FLUSH_BYTES", 2_500_000)
+    monkeypatch.setattr(completer_module, "PENDING_BYTES_CAP", 3_000_000)
+    leases = running_jobs(auto, 5)
+    blob = '{"blob": "%s"}' % ("x" * 1_000_000)
+    flush = Completer(max_crashes=3)
+    for job_id in list(leases)[:3]:
+        flush.add(Outcome(job_id, leases[job_id], "completed", result=blob))
+    with auto.cursor() as raw:
+        cur = CountingCursor(raw)
+        flush.flush(cur)
+    assert len(cur.statements) == 2  # 2 MB, then 1 MB: never 3 in one statement
+    assert awa_pool.get_job(auto, list(leases)[0]).result == {"blob": "x" * 1_000_000}
+
+    relieved = []
+    background_completer = BackgroundCompleter(dsn, 3)
+    background_completer.on_relief = lambda: relieved.append(True)
+    rest = list(leases)[3:]
+    background_completer.add([Outcome(j, leases[j], "completed", result=blob + " " * 600_000) for j in rest])
+    assert background_completer.over_budget()   # 3.2 MB waiting
+    background_completer.start()
+    try:
+        wait_for(lambda: relieved == [True], timeout=30, message="on_relief after the big results are written")
+        assert not background_completer.over_budget()
+        assert states(dsn, leases) == dict.fromkeys(leases, "completed")
+    finally:
+        background_completer.stop()
