@@ -23,6 +23,9 @@ WAIT_RECHECK_S = 5.0             # wait() looks again at least this often
 WAIT_POLL_POOLED_S = 0.25        # ... and this often through a pooler (no LISTEN there)
 ERROR_MAX_CHARS = 2000           # fail_external's error text, as for a handler's exception
 NO_DATA_FOUND = "P0002"          # resolve_callback's "unknown or used callback"
+# list_jobs' age filters read an id range: how long the transaction that
+# created a job may have run before taking its id
+AGE_SLACK_S = 600.0
 
 
 def _record_cursor(conn: Any) -> Any:
@@ -59,12 +62,15 @@ def list_jobs(conn: Any, state: Optional[str] = None, queue: Optional[str] = Non
               kind: Optional[str] = None, limit: int = 100, *, older_than: Any = None,
               newer_than: Any = None) -> List[JobRecord]:
     """Jobs matching every given filter, newest first. older_than/newer_than
-    are ages (seconds, timedelta or '2h') of the job's creation."""
+    are ages (seconds, timedelta or '2h') of the job's creation; they read
+    only the ids of that age, so a job whose creating transaction ran over
+    AGE_SLACK_S (10 minutes) before it took its id may be left out."""
     if state is not None and str(state) not in ALL_STATES:
         raise ValueError(f"unknown state {state!r}: use one of {', '.join(ALL_STATES)}")
     _check_limit(limit)
     params = {
         "state": str(state) if state is not None else None, "queue": queue, "kind": kind, "limit": limit,
+        "slack_s": AGE_SLACK_S,
         "older_than_s": parse_duration(older_than, what="older_than") if older_than is not None else None,
         "newer_than_s": parse_duration(newer_than, what="newer_than") if newer_than is not None else None,
     }

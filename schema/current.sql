@@ -1965,6 +1965,51 @@ BEGIN
 END $$;
 
 
+-- The smallest job id created at or after p_at (NULL when every job is
+-- older), by binary search on the ids: each step one probe of each job
+-- table's id index. Ids follow creation (a job's id is taken by the
+-- transaction that creates it), so an age filter becomes an id range and
+-- list_jobs stops where the ages stop instead of reading every newer job.
+CREATE FUNCTION awa.first_id_created_after(p_at timestamptz) RETURNS bigint
+LANGUAGE plpgsql STABLE SET jit = off AS $$
+DECLARE
+    v_lo  bigint;
+    v_hi  bigint;
+    v_mid bigint;
+    v_id  bigint;
+    v_at  timestamptz;
+BEGIN
+    SELECT min(m) INTO v_lo FROM (SELECT min(h.id) AS m FROM awa.jobs_hot h
+                                  UNION ALL SELECT min(d.id) FROM awa.jobs_deferred d
+                                  UNION ALL SELECT min(x.id) FROM awa.jobs_done x) t;
+    SELECT max(m) + 1 INTO v_hi FROM (SELECT max(h.id) AS m FROM awa.jobs_hot h
+                                      UNION ALL SELECT max(d.id) FROM awa.jobs_deferred d
+                                      UNION ALL SELECT max(x.id) FROM awa.jobs_done x) t;
+    IF v_lo IS NULL THEN
+        RETURN NULL;
+    END IF;
+    WHILE v_lo < v_hi LOOP
+        v_mid := v_lo + (v_hi - v_lo) / 2;
+        SELECT f.id, f.created_at INTO v_id, v_at FROM (
+            (SELECT h.id, h.created_at FROM awa.jobs_hot h WHERE h.id >= v_mid ORDER BY h.id LIMIT 1)
+            UNION ALL
+            (SELECT d.id, d.created_at FROM awa.jobs_deferred d WHERE d.id >= v_mid ORDER BY d.id LIMIT 1)
+            UNION ALL
+            (SELECT x.id, x.created_at FROM awa.jobs_done x WHERE x.id >= v_mid ORDER BY x.id LIMIT 1)
+        ) f ORDER BY f.id LIMIT 1;
+        IF v_id IS NULL OR v_at >= p_at THEN
+            v_hi := v_mid;
+        ELSE
+            v_lo := v_id + 1;
+        END IF;
+        v_id := NULL;
+    END LOOP;
+    RETURN CASE WHEN v_lo >= (SELECT max(m) + 1 FROM (SELECT max(h.id) AS m FROM awa.jobs_hot h
+                                                      UNION ALL SELECT max(d.id) FROM awa.jobs_deferred d
+                                                      UNION ALL SELECT max(x.id) FROM awa.jobs_done x) t)
+                THEN NULL ELSE v_lo END;
+END $$;
+
 -- Operator statistics (behind queue_stats(), kind_stats(), the CLI, `top`
 -- and the metrics): neither reads all of terminal history.
 -- One row per known queue (a queue with live jobs, a row in awa.queues or

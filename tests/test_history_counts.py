@@ -171,3 +171,34 @@ def test_kind_stats_reads_a_bounded_sample_not_all_of_history(auto, dsn: str) ->
     assert read <= 3 * 50 + 10, f"kind_stats read {read} history rows"
     # the latest 50 of k1 finished 1..148 s ago (g = 1, 4, ..., 148): wall p50 is their median
     assert next(k for k in kinds if k.kind == "k1").wall_p50 == pytest.approx(74.5)
+
+
+def test_list_jobs_age_filters_read_only_the_ids_of_that_age(auto, dsn) -> None:
+    """3,000 finished jobs created a minute apart: each age filter gives the
+    exact jobs, and a deep page reads about a page of rows, not every newer
+    job."""
+    auto.cursor().execute("""
+        INSERT INTO awa.jobs_done (id, kind, queue, state, created_at, finalized_at, segment)
+        SELECT nextval('awa.job_id_seq'), 'k', 'q', 'completed',
+               now() - make_interval(mins => 3000 - g), now() - make_interval(mins => 3000 - g),
+               (SELECT current FROM awa.done_ring)
+          FROM generate_series(1, 3000) g""")
+    auto.cursor().execute("ANALYZE awa.jobs_done")
+    newest = scalar(dsn, "SELECT max(id) FROM awa.jobs_done")
+    for minutes in (0, 1, 30, 1500, 2999, 3001):
+        rows = awa_pool.list_jobs(auto, limit=10, older_than=minutes * 60 + 30)
+        expected = [newest - minutes - 1 - i for i in range(10) if newest - minutes - 1 - i > newest - 3000]
+        assert [r.id for r in rows] == expected, minutes
+        newer = awa_pool.list_jobs(auto, limit=5000, newer_than=minutes * 60 + 30)
+        assert len(newer) == min(minutes + 1, 3000), minutes
+    conn = psycopg2.connect(dsn)
+    try:
+        with conn.cursor() as cur:
+            awa_pool.list_jobs(conn, limit=10, older_than=1500 * 60 + 30)
+            cur.execute("SELECT sum(pg_stat_get_xact_tuples_fetched(i.inhrelid) "
+                        "+ pg_stat_get_xact_tuples_returned(i.inhrelid)) "
+                        "FROM pg_inherits i WHERE i.inhparent = 'awa.jobs_done'::regclass")
+            read = cur.fetchone()[0]
+    finally:
+        conn.close()
+    assert read < 400, f"a page 1,500 jobs deep read {read} rows"  # a page, the 10 min slack, the search

@@ -8,15 +8,23 @@ SELECT * FROM awa.jobs WHERE id = %(id)s LIMIT 1
 SELECT * FROM awa.jobs WHERE id = ANY(%(ids)s)
 
 -- name: list_jobs
--- Newest first, with optional filters (NULL means any).
+-- Newest first, with optional filters (NULL means any). An age filter is
+-- also an id range (awa.first_id_created_after, widened by %(slack_s)s
+-- seconds: a job's id is taken while the transaction that created it runs),
+-- so the id indexes stop where the ages stop; the exact age test applies
+-- inside the range.
 SELECT * FROM awa.jobs
  WHERE (%(state)s::awa.job_state IS NULL OR state = %(state)s::awa.job_state)
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
    AND (%(kind)s::text IS NULL OR kind = %(kind)s)
    AND (%(older_than_s)s::double precision IS NULL
-        OR created_at < now() - make_interval(secs => %(older_than_s)s::double precision))
+        OR (created_at < now() - make_interval(secs => %(older_than_s)s::double precision)
+            AND id < coalesce((SELECT awa.first_id_created_after(now() - make_interval(
+                     secs => %(older_than_s)s::double precision - %(slack_s)s))), 9223372036854775807)))
    AND (%(newer_than_s)s::double precision IS NULL
-        OR created_at >= now() - make_interval(secs => %(newer_than_s)s::double precision))
+        OR (created_at >= now() - make_interval(secs => %(newer_than_s)s::double precision)
+            AND id >= coalesce((SELECT awa.first_id_created_after(now() - make_interval(
+                      secs => %(newer_than_s)s::double precision + %(slack_s)s))), 9223372036854775807)))
  ORDER BY id DESC
  LIMIT %(limit)s
 
