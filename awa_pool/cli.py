@@ -261,9 +261,9 @@ def kinds(kind: Optional[str] = typer.Option(None, "--kind", "-k", help="Only th
 
     Counts cover every attempt still on record (terminal jobs are kept for
     the retention period); percentiles and RSS MAX each kind's latest 1,000
-    finished jobs. With --since, both cover the attempts that finished in
-    that window. FAILURES counts attempts that raised, retried or were lost;
-    percentiles only use attempts whose handler returned or raised."""
+    finished jobs. With --since, both only what finished in that window.
+    FAILURES counts attempts that raised, retried or were lost; percentiles
+    only use attempts whose handler returned or raised."""
     from .stats import KIND_SAMPLE, kind_stats
 
     since_s = duration(since, "--since")

@@ -108,10 +108,10 @@ class KindStats:
     """Per-kind attempt figures (SPEC §5): runs, outcomes, and p50/p95 of wall
     time, CPU time and peak RSS over the attempts whose handler returned.
 
-    Without a window, the counts cover every attempt on record and the
-    figures (percentiles, rss_max, last_finished_at) the attempts of the
-    kind's latest `sampled` finished jobs plus the earlier attempts of its
-    live jobs; with one, both cover the attempts finished in it."""
+    The counts cover every attempt on record, the figures (percentiles,
+    rss_max, last_finished_at) the attempts of the kind's latest `sampled`
+    finished jobs plus the earlier attempts of its live jobs; with a
+    window, both only what finished in it (the counts in whole minutes)."""
 
     kind: str
     runs: int
@@ -167,9 +167,9 @@ def live_supervisors(conn: Any, stale_s: float = SUPERVISOR_STALE_S) -> List[Sup
 def kind_stats(conn: Any, kind: Optional[str] = None, since_s: Optional[float] = None,
                sample: int = KIND_SAMPLE) -> List[KindStats]:
     """Per-kind figures, by kind: counts over every attempt on record and
-    percentiles over each kind's latest `sample` finished jobs; or, with
-    `since_s`, both over the attempts that finished within that many
-    seconds. Neither reads all of history."""
+    percentiles over each kind's latest `sample` finished jobs; with
+    `since_s`, both only what finished within that many seconds. Neither
+    reads all of history."""
     if kind is not None:
         check_name(kind, "kind")
     if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:

@@ -217,27 +217,40 @@ CREATE TABLE awa.done_ring (
 INSERT INTO awa.done_ring DEFAULT VALUES;
 
 -- Running counts of terminal history, so that operator reads never count
--- it row by row: per ring segment, queue, kind and state, the jobs and
--- what their attempts were (as awa.kind_stats counts them). The triggers
--- of section 4 keep it exact in the writer's transaction; each session
--- writes its own rows (slot = its backend pid), so completion flushes never
--- wait on each other; the rotation forgets the truncated segment's rows and
--- folds the other segments' into slot 0.
+-- it row by row: terminal jobs per ring segment, queue and state
+-- (queue_stats), and their attempts per segment, kind and the minute they
+-- finished in (kind_stats). The triggers of section 4 keep them exact in
+-- the writer's transaction; each session writes its own rows (slot = its
+-- backend pid), so completion flushes never wait on each other; the
+-- rotation forgets the truncated segment's rows and folds the others into
+-- slot 0.
 CREATE TABLE awa.done_counts (
     segment   smallint      NOT NULL,
     slot      integer       NOT NULL,   -- the writing backend's pid; 0 = folded by the rotation
     queue     text          NOT NULL,
-    kind      text          NOT NULL,
     state     awa.job_state NOT NULL,
-    jobs      bigint        NOT NULL DEFAULT 0,
-    runs      bigint        NOT NULL DEFAULT 0,  -- attempts with outcome figures (kind_stats' runs)
-    ok        bigint        NOT NULL DEFAULT 0,
-    failures  bigint        NOT NULL DEFAULT 0,
-    crashes   bigint        NOT NULL DEFAULT 0,
-    timeouts  bigint        NOT NULL DEFAULT 0,
-    CONSTRAINT done_counts_pkey PRIMARY KEY (segment, slot, queue, kind, state)
+    jobs      bigint        NOT NULL,
+    CONSTRAINT done_counts_pkey PRIMARY KEY (segment, slot, queue, state)
 ) WITH (
     -- updated by every completion flush: room on the page for HOT updates
+    fillfactor = 50,
+    autovacuum_vacuum_scale_factor = 0.0,
+    autovacuum_vacuum_threshold = 2000,
+    autovacuum_vacuum_cost_delay = 0
+);
+
+CREATE TABLE awa.done_kinds (
+    segment   smallint      NOT NULL,
+    slot      integer       NOT NULL,
+    kind      text          NOT NULL,
+    minute    timestamptz   NOT NULL,   -- the minute the jobs finished in
+    runs      bigint        NOT NULL,   -- attempts with an outcome (kind_stats' runs)
+    ok        bigint        NOT NULL,
+    failures  bigint        NOT NULL,
+    crashes   bigint        NOT NULL,
+    timeouts  bigint        NOT NULL,
+    CONSTRAINT done_kinds_pkey PRIMARY KEY (segment, slot, kind, minute)
+) WITH (
     fillfactor = 50,
     autovacuum_vacuum_scale_factor = 0.0,
     autovacuum_vacuum_threshold = 2000,
@@ -1220,15 +1233,16 @@ CREATE TRIGGER jobs_done_notify AFTER INSERT ON awa.jobs_done
 
 -- The figures of a set of job rows, as one statement over `%1$s` (a
 -- relation of awa.jobs_done rows) that adds them, times %2$s (1 or -1), to
--- awa.done_counts. kind_stats' rules: a terminal job's own attempt counts
--- when it was attempted and either has figures or failed; its outcome is
--- its state, a failed job's the kind of its last error; every attempt_log
--- entry counts with its own outcome. The insert trigger's static statement
--- below is the same with %1$s = new_rows and %2$s = 1.
+-- the counts. kind_stats' rules: a terminal job's own attempt counts when
+-- it was attempted and either has figures or failed; its outcome is its
+-- state, a failed job's the kind of its last error; every attempt_log entry
+-- counts with its own outcome, in the minute its job finished. The insert
+-- trigger runs the same statement, written out (a cached plan).
 CREATE FUNCTION awa.done_counts_sql() RETURNS text
 LANGUAGE sql IMMUTABLE AS $sql$ SELECT $q$
     WITH own AS (
-        SELECT r.segment, r.queue, r.kind, r.state, count(*) AS jobs,
+        SELECT r.segment, r.queue, r.kind, r.state,
+               date_trunc('minute', coalesce(r.finalized_at, now())) AS minute, count(*) AS jobs,
                count(*) FILTER (WHERE c.counted) AS runs,
                count(*) FILTER (WHERE c.counted AND c.outcome = 'completed') AS ok,
                count(*) FILTER (WHERE c.counted AND c.outcome IN ('failed', 'fatal', 'retry', 'lost',
@@ -1240,10 +1254,11 @@ LANGUAGE sql IMMUTABLE AS $sql$ SELECT $q$
                r.attempted_at IS NOT NULL AND (r.wall_s IS NOT NULL OR r.state = 'failed') AS counted,
                CASE r.state WHEN 'failed' THEN coalesce(r.errors -> -1 ->> 'kind', 'failed')
                             WHEN 'cancelled' THEN 'cancel' ELSE r.state::text END AS outcome) c
-         GROUP BY 1, 2, 3, 4
+         GROUP BY 1, 2, 3, 4, 5
     ),
     logged AS (
-        SELECT r.segment, r.queue, r.kind, r.state, 0::bigint AS jobs, count(*) AS runs,
+        SELECT r.segment, r.kind, date_trunc('minute', coalesce(r.finalized_at, now())) AS minute,
+               count(*) AS runs,
                count(*) FILTER (WHERE e ->> 'outcome' = 'completed') AS ok,
                count(*) FILTER (WHERE e ->> 'outcome' IN ('failed', 'fatal', 'retry', 'lost',
                                                           'deadline', 'callback_timeout')) AS failures,
@@ -1251,16 +1266,25 @@ LANGUAGE sql IMMUTABLE AS $sql$ SELECT $q$
                count(*) FILTER (WHERE e ->> 'outcome' = 'timeout') AS timeouts
           FROM %1$s r CROSS JOIN LATERAL jsonb_array_elements(r.attempt_log) AS e
          WHERE r.attempt_log IS NOT NULL AND jsonb_typeof(r.attempt_log) = 'array'
-         GROUP BY 1, 2, 3, 4
+         GROUP BY 1, 2, 3
+    ),
+    jobs AS (
+        INSERT INTO awa.done_counts AS t (segment, slot, queue, state, jobs)
+        SELECT segment, pg_backend_pid(), queue, state, %2$s * sum(jobs)
+          FROM own
+         GROUP BY segment, queue, state
+        ON CONFLICT ON CONSTRAINT done_counts_pkey DO UPDATE SET jobs = t.jobs + excluded.jobs
     )
-    INSERT INTO awa.done_counts AS t (segment, slot, queue, kind, state, jobs, runs, ok, failures,
-                                      crashes, timeouts)
-    SELECT segment, pg_backend_pid(), queue, kind, state, %2$s * sum(jobs), %2$s * sum(runs),
-           %2$s * sum(ok), %2$s * sum(failures), %2$s * sum(crashes), %2$s * sum(timeouts)
-      FROM (SELECT * FROM own UNION ALL SELECT * FROM logged) x
-     GROUP BY segment, queue, kind, state
-    ON CONFLICT ON CONSTRAINT done_counts_pkey DO UPDATE
-       SET jobs = t.jobs + excluded.jobs, runs = t.runs + excluded.runs, ok = t.ok + excluded.ok,
+    INSERT INTO awa.done_kinds AS t (segment, slot, kind, minute, runs, ok, failures, crashes, timeouts)
+    SELECT segment, pg_backend_pid(), kind, minute, %2$s * sum(runs), %2$s * sum(ok), %2$s * sum(failures),
+           %2$s * sum(crashes), %2$s * sum(timeouts)
+      FROM (SELECT segment, kind, minute, runs, ok, failures, crashes, timeouts FROM own
+            UNION ALL
+            SELECT segment, kind, minute, runs, ok, failures, crashes, timeouts FROM logged) x
+     GROUP BY segment, kind, minute
+    HAVING sum(runs) > 0
+    ON CONFLICT ON CONSTRAINT done_kinds_pkey DO UPDATE
+       SET runs = t.runs + excluded.runs, ok = t.ok + excluded.ok,
            failures = t.failures + excluded.failures, crashes = t.crashes + excluded.crashes,
            timeouts = t.timeouts + excluded.timeouts
 $q$ $sql$;
@@ -1275,7 +1299,8 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         WITH own AS (
-            SELECT r.segment, r.queue, r.kind, r.state, count(*) AS jobs,
+            SELECT r.segment, r.queue, r.kind, r.state,
+                   date_trunc('minute', coalesce(r.finalized_at, now())) AS minute, count(*) AS jobs,
                    count(*) FILTER (WHERE c.counted) AS runs,
                    count(*) FILTER (WHERE c.counted AND c.outcome = 'completed') AS ok,
                    count(*) FILTER (WHERE c.counted AND c.outcome IN ('failed', 'fatal', 'retry', 'lost',
@@ -1287,10 +1312,11 @@ BEGIN
                    r.attempted_at IS NOT NULL AND (r.wall_s IS NOT NULL OR r.state = 'failed') AS counted,
                    CASE r.state WHEN 'failed' THEN coalesce(r.errors -> -1 ->> 'kind', 'failed')
                                 WHEN 'cancelled' THEN 'cancel' ELSE r.state::text END AS outcome) c
-             GROUP BY 1, 2, 3, 4
+             GROUP BY 1, 2, 3, 4, 5
         ),
         logged AS (
-            SELECT r.segment, r.queue, r.kind, r.state, 0::bigint AS jobs, count(*) AS runs,
+            SELECT r.segment, r.kind, date_trunc('minute', coalesce(r.finalized_at, now())) AS minute,
+                   count(*) AS runs,
                    count(*) FILTER (WHERE e ->> 'outcome' = 'completed') AS ok,
                    count(*) FILTER (WHERE e ->> 'outcome' IN ('failed', 'fatal', 'retry', 'lost',
                                                               'deadline', 'callback_timeout')) AS failures,
@@ -1298,16 +1324,25 @@ BEGIN
                    count(*) FILTER (WHERE e ->> 'outcome' = 'timeout') AS timeouts
               FROM new_rows r CROSS JOIN LATERAL jsonb_array_elements(r.attempt_log) AS e
              WHERE r.attempt_log IS NOT NULL AND jsonb_typeof(r.attempt_log) = 'array'
-             GROUP BY 1, 2, 3, 4
+             GROUP BY 1, 2, 3
+        ),
+        jobs AS (
+            INSERT INTO awa.done_counts AS t (segment, slot, queue, state, jobs)
+            SELECT segment, pg_backend_pid(), queue, state, sum(jobs)
+              FROM own
+             GROUP BY segment, queue, state
+            ON CONFLICT ON CONSTRAINT done_counts_pkey DO UPDATE SET jobs = t.jobs + excluded.jobs
         )
-        INSERT INTO awa.done_counts AS t (segment, slot, queue, kind, state, jobs, runs, ok, failures,
-                                          crashes, timeouts)
-        SELECT segment, pg_backend_pid(), queue, kind, state, sum(jobs), sum(runs), sum(ok),
-               sum(failures), sum(crashes), sum(timeouts)
-          FROM (SELECT * FROM own UNION ALL SELECT * FROM logged) x
-         GROUP BY segment, queue, kind, state
-        ON CONFLICT ON CONSTRAINT done_counts_pkey DO UPDATE
-           SET jobs = t.jobs + excluded.jobs, runs = t.runs + excluded.runs, ok = t.ok + excluded.ok,
+        INSERT INTO awa.done_kinds AS t (segment, slot, kind, minute, runs, ok, failures, crashes, timeouts)
+        SELECT segment, pg_backend_pid(), kind, minute, sum(runs), sum(ok), sum(failures),
+               sum(crashes), sum(timeouts)
+          FROM (SELECT segment, kind, minute, runs, ok, failures, crashes, timeouts FROM own
+                UNION ALL
+                SELECT segment, kind, minute, runs, ok, failures, crashes, timeouts FROM logged) x
+         GROUP BY segment, kind, minute
+        HAVING sum(runs) > 0
+        ON CONFLICT ON CONSTRAINT done_kinds_pkey DO UPDATE
+           SET runs = t.runs + excluded.runs, ok = t.ok + excluded.ok,
                failures = t.failures + excluded.failures, crashes = t.crashes + excluded.crashes,
                timeouts = t.timeouts + excluded.timeouts;
     ELSE
@@ -1335,6 +1370,7 @@ CREATE FUNCTION awa.forget_done_counts() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     DELETE FROM awa.done_counts;
+    DELETE FROM awa.done_kinds;
     RETURN NULL;
 END $$;
 
@@ -1342,24 +1378,26 @@ CREATE TRIGGER jobs_done_count_truncate AFTER TRUNCATE ON awa.jobs_done
     FOR EACH STATEMENT EXECUTE FUNCTION awa.forget_done_counts();
 
 -- After a rotation TRUNCATEd segment p_truncated: forget its counts, and
--- fold every session's rows of the segments no longer written into slot 0.
+-- fold every session's rows of the other segments into slot 0.
 CREATE FUNCTION awa.fold_done_counts(p_truncated smallint) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     DELETE FROM awa.done_counts c WHERE c.segment = p_truncated;
+    DELETE FROM awa.done_kinds k WHERE k.segment = p_truncated;
     WITH gone AS (
-        DELETE FROM awa.done_counts c
-         WHERE c.segment <> p_truncated AND c.slot <> 0
-        RETURNING c.*
+        DELETE FROM awa.done_counts c WHERE c.slot <> 0 RETURNING c.*
     )
-    INSERT INTO awa.done_counts AS t (segment, slot, queue, kind, state, jobs, runs, ok, failures,
-                                      crashes, timeouts)
-    SELECT segment, 0, queue, kind, state, sum(jobs), sum(runs), sum(ok), sum(failures),
-           sum(crashes), sum(timeouts)
-      FROM gone
-     GROUP BY segment, queue, kind, state
-    ON CONFLICT ON CONSTRAINT done_counts_pkey DO UPDATE
-       SET jobs = t.jobs + excluded.jobs, runs = t.runs + excluded.runs, ok = t.ok + excluded.ok,
+    INSERT INTO awa.done_counts AS t (segment, slot, queue, state, jobs)
+    SELECT segment, 0, queue, state, sum(jobs) FROM gone GROUP BY segment, queue, state
+    ON CONFLICT ON CONSTRAINT done_counts_pkey DO UPDATE SET jobs = t.jobs + excluded.jobs;
+    WITH gone AS (
+        DELETE FROM awa.done_kinds k WHERE k.slot <> 0 RETURNING k.*
+    )
+    INSERT INTO awa.done_kinds AS t (segment, slot, kind, minute, runs, ok, failures, crashes, timeouts)
+    SELECT segment, 0, kind, minute, sum(runs), sum(ok), sum(failures), sum(crashes), sum(timeouts)
+      FROM gone GROUP BY segment, kind, minute
+    ON CONFLICT ON CONSTRAINT done_kinds_pkey DO UPDATE
+       SET runs = t.runs + excluded.runs, ok = t.ok + excluded.ok,
            failures = t.failures + excluded.failures, crashes = t.crashes + excluded.crashes,
            timeouts = t.timeouts + excluded.timeouts;
 END $$;
@@ -2071,15 +2109,16 @@ SELECT n.name,
  ORDER BY n.name
 $$;
 
--- Per kind: runs, completions, failures, crashes and timeouts, and p50/p95
--- of wall time, CPU time and peak RSS over attempts whose handler returned
--- or raised (a crashed, timed-out or lost attempt has no figures).
---   p_since_s NULL: counts over every attempt on record (awa.done_counts for
---     terminal jobs, plus the earlier attempts of live jobs); figures over
---     each kind's latest p_sample finished jobs (their attempts) plus the
---     live jobs' earlier attempts. Bounded: it never reads all of history.
---   p_since_s given: counts and figures over the attempts that finished in
---     that window (an index range per kind).
+-- Per kind: runs, completions, failures, crashes and timeouts (the
+-- terminal jobs' attempts from awa.done_kinds, plus the earlier attempts of
+-- live jobs), and p50/p95 of wall time, CPU time and peak RSS over each
+-- kind's latest p_sample finished jobs' attempts whose handler returned or
+-- raised (a crashed, timed-out or lost attempt has no figures), plus the
+-- live jobs' earlier attempts. With p_since_s, both only cover what
+-- finished in the last p_since_s seconds (the counts in whole minutes: a
+-- job's earlier attempts count in the minute it finished). Nothing here
+-- reads all of history. Custom plans: the window and sample are constants
+-- to the planner, so each kind's rows are one index range.
 -- sampled: how many finished jobs the figures read for the kind.
 CREATE FUNCTION awa.kind_stats(p_kind text, p_since_s double precision, p_sample integer)
 RETURNS TABLE (kind text, runs bigint, completed bigint, failures bigint, crashes bigint,
@@ -2087,122 +2126,103 @@ RETURNS TABLE (kind text, runs bigint, completed bigint, failures bigint, crashe
                cpu_p50 double precision, cpu_p95 double precision, rss_p50 double precision,
                rss_p95 double precision, rss_max double precision, last_finished_at timestamptz,
                sampled bigint)
-LANGUAGE sql STABLE SET jit = off AS $$
-WITH live AS (
-    -- earlier attempts of jobs not terminal yet
-    SELECT j.kind, e ->> 'outcome' AS outcome,
-           (e ->> 'wall_seconds')::double precision AS wall_s,
-           (e ->> 'cpu_seconds')::double precision AS cpu_s,
-           (e ->> 'peak_rss_bytes')::double precision AS peak_rss,
-           (e ->> 'finished_at')::timestamptz AS finished_at
-      FROM (SELECT h.kind, h.attempt_log FROM awa.jobs_hot h WHERE h.attempt_log IS NOT NULL
-            UNION ALL
-            SELECT d.kind, d.attempt_log FROM awa.jobs_deferred d WHERE d.attempt_log IS NOT NULL) j
-     CROSS JOIN LATERAL jsonb_array_elements(j.attempt_log) AS e
-     WHERE jsonb_typeof(j.attempt_log) = 'array'
-       AND (p_kind IS NULL OR j.kind = p_kind)
-       AND (p_since_s IS NULL OR (e ->> 'finished_at')::timestamptz > now() - make_interval(secs => p_since_s))
-),
-kinds AS (
-    SELECT c.kind FROM awa.done_counts c
-     WHERE p_kind IS NULL OR c.kind = p_kind
-     GROUP BY c.kind HAVING sum(c.jobs) > 0
-    UNION
-    SELECT l.kind FROM live l
-),
-picked AS (
-    -- each kind's latest p_sample finished jobs, or all in the window
-    SELECT d.*
-      FROM kinds k
-     CROSS JOIN LATERAL (
-        SELECT x.kind, x.state, x.errors, x.attempt_log, x.attempted_at, x.finalized_at,
-               x.wall_s, x.cpu_s, x.peak_rss
-          FROM awa.jobs_done x
-         WHERE x.kind = k.kind
-           AND (p_since_s IS NULL OR x.finalized_at > now() - make_interval(secs => p_since_s))
-         ORDER BY x.finalized_at DESC
-         LIMIT CASE WHEN p_since_s IS NULL THEN p_sample END) d
-),
-attempts AS (
-    SELECT p.kind,
-           CASE WHEN p.state = 'failed' THEN coalesce(p.errors -> -1 ->> 'kind', 'failed')
-                WHEN p.state = 'cancelled' THEN 'cancel'
-                ELSE p.state::text END AS outcome,
-           p.wall_s::double precision AS wall_s, p.cpu_s::double precision AS cpu_s,
-           p.peak_rss::double precision AS peak_rss, p.finalized_at AS finished_at
-      FROM picked p
-     WHERE p.attempted_at IS NOT NULL AND (p.wall_s IS NOT NULL OR p.state = 'failed')
-    UNION ALL
-    SELECT p.kind, e ->> 'outcome', (e ->> 'wall_seconds')::double precision,
-           (e ->> 'cpu_seconds')::double precision, (e ->> 'peak_rss_bytes')::double precision,
-           (e ->> 'finished_at')::timestamptz
-      FROM picked p
-     CROSS JOIN LATERAL jsonb_array_elements(p.attempt_log) AS e
-     WHERE p.attempt_log IS NOT NULL AND jsonb_typeof(p.attempt_log) = 'array'
-       AND (p_since_s IS NULL OR (e ->> 'finished_at')::timestamptz > now() - make_interval(secs => p_since_s))
-    UNION ALL
-    SELECT l.kind, l.outcome, l.wall_s, l.cpu_s, l.peak_rss, l.finished_at FROM live l
-),
-figures AS (
-    SELECT a.kind,
-           count(*) AS runs,
-           count(*) FILTER (WHERE a.outcome = 'completed') AS completed,
-           count(*) FILTER (WHERE a.outcome IN ('failed', 'fatal', 'retry', 'lost', 'deadline',
-                                                'callback_timeout')) AS failures,
-           count(*) FILTER (WHERE a.outcome = 'crash') AS crashes,
-           count(*) FILTER (WHERE a.outcome = 'timeout') AS timeouts,
-           percentile_cont(0.5) WITHIN GROUP (ORDER BY a.wall_s) FILTER (WHERE m.measured) AS wall_p50,
-           percentile_cont(0.95) WITHIN GROUP (ORDER BY a.wall_s) FILTER (WHERE m.measured) AS wall_p95,
-           percentile_cont(0.5) WITHIN GROUP (ORDER BY a.cpu_s) FILTER (WHERE m.measured) AS cpu_p50,
-           percentile_cont(0.95) WITHIN GROUP (ORDER BY a.cpu_s) FILTER (WHERE m.measured) AS cpu_p95,
-           percentile_cont(0.5) WITHIN GROUP (ORDER BY a.peak_rss) FILTER (WHERE m.measured) AS rss_p50,
-           percentile_cont(0.95) WITHIN GROUP (ORDER BY a.peak_rss) FILTER (WHERE m.measured) AS rss_p95,
-           max(a.peak_rss) AS rss_max,
-           max(a.finished_at) AS last_finished_at
-      FROM attempts a
-     CROSS JOIN LATERAL (SELECT a.outcome NOT IN ('crash', 'timeout', 'lost', 'deadline', 'interrupted',
-                                                  'callback_timeout', 'released') AS measured) m
-     GROUP BY a.kind
-),
-counted AS (
-    -- without a window: every attempt on record, terminal ones from the counts
-    SELECT c.kind, sum(c.runs) AS runs, sum(c.ok) AS completed, sum(c.failures) AS failures,
-           sum(c.crashes) AS crashes, sum(c.timeouts) AS timeouts
-      FROM awa.done_counts c
-     WHERE p_since_s IS NULL AND (p_kind IS NULL OR c.kind = p_kind)
-     GROUP BY c.kind
-),
-live_counted AS (
-    SELECT l.kind, count(*) AS runs,
-           count(*) FILTER (WHERE l.outcome = 'completed') AS completed,
-           count(*) FILTER (WHERE l.outcome IN ('failed', 'fatal', 'retry', 'lost', 'deadline',
-                                                'callback_timeout')) AS failures,
-           count(*) FILTER (WHERE l.outcome = 'crash') AS crashes,
-           count(*) FILTER (WHERE l.outcome = 'timeout') AS timeouts
-      FROM live l
-     WHERE p_since_s IS NULL
-     GROUP BY l.kind
-)
-SELECT k.kind,
-       CASE WHEN p_since_s IS NULL THEN coalesce(c.runs, 0) + coalesce(lc.runs, 0) ELSE f.runs END::bigint,
-       CASE WHEN p_since_s IS NULL THEN coalesce(c.completed, 0) + coalesce(lc.completed, 0)
-            ELSE f.completed END::bigint,
-       CASE WHEN p_since_s IS NULL THEN coalesce(c.failures, 0) + coalesce(lc.failures, 0)
-            ELSE f.failures END::bigint,
-       CASE WHEN p_since_s IS NULL THEN coalesce(c.crashes, 0) + coalesce(lc.crashes, 0)
-            ELSE f.crashes END::bigint,
-       CASE WHEN p_since_s IS NULL THEN coalesce(c.timeouts, 0) + coalesce(lc.timeouts, 0)
-            ELSE f.timeouts END::bigint,
-       f.wall_p50, f.wall_p95, f.cpu_p50, f.cpu_p95, f.rss_p50, f.rss_p95, f.rss_max,
-       f.last_finished_at,
-       (SELECT count(*) FROM picked p WHERE p.kind = k.kind)
-  FROM kinds k
-  JOIN figures f ON f.kind = k.kind
-  LEFT JOIN counted c ON c.kind = k.kind
-  LEFT JOIN live_counted lc ON lc.kind = k.kind
- WHERE CASE WHEN p_since_s IS NULL THEN coalesce(c.runs, 0) + coalesce(lc.runs, 0) ELSE f.runs END > 0
- ORDER BY k.kind
-$$;
+LANGUAGE plpgsql STABLE SET jit = off SET plan_cache_mode = force_custom_plan AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH live AS (
+        -- earlier attempts of jobs not terminal yet
+        SELECT j.kind, e ->> 'outcome' AS outcome,
+               (e ->> 'wall_seconds')::double precision AS wall_s,
+               (e ->> 'cpu_seconds')::double precision AS cpu_s,
+               (e ->> 'peak_rss_bytes')::double precision AS peak_rss,
+               (e ->> 'finished_at')::timestamptz AS finished_at
+          FROM (SELECT h.kind, h.attempt_log FROM awa.jobs_hot h WHERE h.attempt_log IS NOT NULL
+                UNION ALL
+                SELECT d.kind, d.attempt_log FROM awa.jobs_deferred d WHERE d.attempt_log IS NOT NULL) j
+         CROSS JOIN LATERAL jsonb_array_elements(j.attempt_log) AS e
+         WHERE jsonb_typeof(j.attempt_log) = 'array'
+           AND (p_kind IS NULL OR j.kind = p_kind)
+           AND (p_since_s IS NULL
+                OR (e ->> 'finished_at')::timestamptz > now() - make_interval(secs => p_since_s))
+    ),
+    counted AS (
+        SELECT c.kind, sum(c.runs) AS runs, sum(c.ok) AS completed, sum(c.failures) AS failures,
+               sum(c.crashes) AS crashes, sum(c.timeouts) AS timeouts
+          FROM awa.done_kinds c
+         WHERE (p_kind IS NULL OR c.kind = p_kind)
+           AND (p_since_s IS NULL OR c.minute >= date_trunc('minute', now() - make_interval(secs => p_since_s)))
+         GROUP BY c.kind
+        UNION ALL
+        SELECT l.kind, count(*), count(*) FILTER (WHERE l.outcome = 'completed'),
+               count(*) FILTER (WHERE l.outcome IN ('failed', 'fatal', 'retry', 'lost', 'deadline',
+                                                    'callback_timeout')),
+               count(*) FILTER (WHERE l.outcome = 'crash'), count(*) FILTER (WHERE l.outcome = 'timeout')
+          FROM live l
+         GROUP BY l.kind
+    ),
+    totals AS (
+        SELECT t.kind, sum(t.runs)::bigint AS runs, sum(t.completed)::bigint AS completed,
+               sum(t.failures)::bigint AS failures, sum(t.crashes)::bigint AS crashes,
+               sum(t.timeouts)::bigint AS timeouts
+          FROM counted t
+         GROUP BY t.kind
+        HAVING sum(t.runs) > 0
+    ),
+    picked AS (
+        -- each kind's latest p_sample finished jobs (in the window)
+        SELECT d.*
+          FROM totals k
+         CROSS JOIN LATERAL (
+            SELECT x.kind, x.state, x.errors, x.attempt_log, x.attempted_at, x.finalized_at,
+                   x.wall_s, x.cpu_s, x.peak_rss
+              FROM awa.jobs_done x
+             WHERE x.kind = k.kind
+               AND (p_since_s IS NULL OR x.finalized_at > now() - make_interval(secs => p_since_s))
+             ORDER BY x.finalized_at DESC
+             LIMIT p_sample) d
+    ),
+    attempts AS (
+        SELECT p.kind,
+               CASE WHEN p.state = 'failed' THEN coalesce(p.errors -> -1 ->> 'kind', 'failed')
+                    WHEN p.state = 'cancelled' THEN 'cancel'
+                    ELSE p.state::text END AS outcome,
+               p.wall_s::double precision AS wall_s, p.cpu_s::double precision AS cpu_s,
+               p.peak_rss::double precision AS peak_rss, p.finalized_at AS finished_at
+          FROM picked p
+         WHERE p.attempted_at IS NOT NULL AND (p.wall_s IS NOT NULL OR p.state = 'failed')
+        UNION ALL
+        SELECT p.kind, e ->> 'outcome', (e ->> 'wall_seconds')::double precision,
+               (e ->> 'cpu_seconds')::double precision, (e ->> 'peak_rss_bytes')::double precision,
+               (e ->> 'finished_at')::timestamptz
+          FROM picked p
+         CROSS JOIN LATERAL jsonb_array_elements(p.attempt_log) AS e
+         WHERE p.attempt_log IS NOT NULL AND jsonb_typeof(p.attempt_log) = 'array'
+        UNION ALL
+        SELECT l.kind, l.outcome, l.wall_s, l.cpu_s, l.peak_rss, l.finished_at FROM live l
+    ),
+    figures AS (
+        SELECT a.kind,
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY a.wall_s) FILTER (WHERE m.measured) AS wall_p50,
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY a.wall_s) FILTER (WHERE m.measured) AS wall_p95,
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY a.cpu_s) FILTER (WHERE m.measured) AS cpu_p50,
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY a.cpu_s) FILTER (WHERE m.measured) AS cpu_p95,
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY a.peak_rss) FILTER (WHERE m.measured) AS rss_p50,
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY a.peak_rss) FILTER (WHERE m.measured) AS rss_p95,
+               max(a.peak_rss) AS rss_max,
+               max(a.finished_at) AS last_finished_at
+          FROM attempts a
+         CROSS JOIN LATERAL (SELECT a.outcome NOT IN ('crash', 'timeout', 'lost', 'deadline', 'interrupted',
+                                                      'callback_timeout', 'released') AS measured) m
+         GROUP BY a.kind
+    )
+    SELECT t.kind, t.runs, t.completed, t.failures, t.crashes, t.timeouts,
+           f.wall_p50, f.wall_p95, f.cpu_p50, f.cpu_p95, f.rss_p50, f.rss_p95, f.rss_max,
+           f.last_finished_at, (SELECT count(*) FROM picked p WHERE p.kind = t.kind)
+      FROM totals t
+      LEFT JOIN figures f ON f.kind = t.kind
+     ORDER BY t.kind;
+END $$;
 
 
 -- ===========================================================================
@@ -2324,7 +2344,7 @@ BEGIN
     END LOOP;
     EXECUTE format('GRANT SELECT, UPDATE ON awa.done_ring TO %I', p_role);
     -- queue_stats() and kind_stats() read the history's counts
-    EXECUTE format('GRANT SELECT ON awa.done_counts TO %I', p_role);
+    EXECUTE format('GRANT SELECT ON awa.done_counts, awa.done_kinds TO %I', p_role);
     EXECUTE format('GRANT SELECT, UPDATE, DELETE ON awa.batches TO %I', p_role);
     EXECUTE format('GRANT SELECT, DELETE ON awa.unique_keys TO %I', p_role);
     EXECUTE format('GRANT SELECT, INSERT, DELETE ON awa.callbacks_retired TO %I', p_role);

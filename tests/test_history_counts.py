@@ -1,4 +1,5 @@
-"""The running counts of terminal history (awa.done_counts, migration 0019):
+"""The running counts of terminal history (awa.done_counts and
+awa.done_kinds, migration 0017):
 exact after every way history changes, per-session rows folded by the
 rotation, and the operator reads built on them (queue_stats, kind_stats)
 agreeing with a count of the rows themselves without reading them all."""
@@ -37,11 +38,11 @@ SELECT kind, count(*), count(*) FILTER (WHERE outcome = 'completed'),
 
 ROLLED_KINDS = """
 SELECT kind, sum(runs), sum(ok), sum(failures), sum(crashes), sum(timeouts)
-  FROM awa.done_counts GROUP BY kind HAVING sum(runs) <> 0"""
+  FROM awa.done_kinds GROUP BY kind HAVING sum(runs) <> 0"""
 
 
 def check_counts(dsn: str) -> None:
-    """awa.done_counts says what a count of awa.jobs_done says."""
+    """awa.done_counts and awa.done_kinds say what a count of awa.jobs_done says."""
     rows = dict(((q, s), n) for q, s, n in query(
         dsn, "SELECT queue, state::text, count(*) FROM awa.jobs_done GROUP BY 1, 2"))
     rolled = dict(((q, s), n) for q, s, n in query(
@@ -107,7 +108,7 @@ def test_counts_stay_exact_through_every_change_of_history(auto, dsn: str) -> No
     assert scalar(dsn, "SELECT count(*) FROM awa.jobs_done WHERE state = 'completed'") == 0
     auto.cursor().execute("TRUNCATE awa.jobs_done")
     check_counts(dsn)
-    assert scalar(dsn, "SELECT count(*) FROM awa.done_counts") == 0
+    assert scalar(dsn, "SELECT (SELECT count(*) FROM awa.done_counts) + (SELECT count(*) FROM awa.done_kinds)") == 0
 
 
 def test_each_session_writes_its_own_rows_and_the_rotation_folds_them(dsn: str) -> None:
@@ -157,18 +158,23 @@ def test_kind_stats_reads_a_bounded_sample_not_all_of_history(auto, dsn: str) ->
                g, g / 2.0, 1000, (SELECT current FROM awa.done_ring)
           FROM generate_series(1, 1200) g""")
     auto.cursor().execute("ANALYZE awa.jobs_done")
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn.cursor() as cur:
-            kinds = kind_stats(conn, sample=50)
-            cur.execute("SELECT sum(pg_stat_get_xact_tuples_fetched(i.inhrelid) "
-                        "+ pg_stat_get_xact_tuples_returned(i.inhrelid)) "
-                        "FROM pg_inherits i WHERE i.inhparent = 'awa.jobs_done'::regclass")
-            read = cur.fetchone()[0]
-    finally:
-        conn.close()
-    assert [(k.kind, k.runs, k.sampled) for k in kinds] == [("k0", 400, 50), ("k1", 400, 50), ("k2", 400, 50)]
-    assert read <= 3 * 50 + 10, f"kind_stats read {read} history rows"
+    for since_s in (None, 600.0):   # everything; the last 10 minutes (about 600 of the jobs)
+        conn = psycopg2.connect(dsn)
+        try:
+            with conn.cursor() as cur:
+                kinds = kind_stats(conn, sample=50, since_s=since_s)
+                cur.execute("SELECT sum(pg_stat_get_xact_tuples_fetched(i.inhrelid) "
+                            "+ pg_stat_get_xact_tuples_returned(i.inhrelid)) "
+                            "FROM pg_inherits i WHERE i.inhparent = 'awa.jobs_done'::regclass")
+                read = cur.fetchone()[0]
+        finally:
+            conn.close()
+        assert [(k.kind, k.sampled) for k in kinds] == [("k0", 50), ("k1", 50), ("k2", 50)]
+        assert read <= 3 * 50 + 10, f"kind_stats read {read} history rows"
+        if since_s is None:
+            assert [k.runs for k in kinds] == [400, 400, 400]
+        else:  # counted in whole minutes: the window's first minute counts whole
+            assert all(200 <= k.runs <= 220 for k in kinds), [k.runs for k in kinds]
     # the latest 50 of k1 finished 1..148 s ago (g = 1, 4, ..., 148): wall p50 is their median
     assert next(k for k in kinds if k.kind == "k1").wall_p50 == pytest.approx(74.5)
 
