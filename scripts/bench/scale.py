@@ -64,6 +64,8 @@ class Context:
         self.rows: List[Dict[str, Any]] = []
         self.curve = ""
         self.dsn = ""
+        self.path = ""
+        self.info: Dict[str, str] = {}
 
     def fresh(self) -> str:
         """Drop and re-create the database, migrated; returns its URL."""
@@ -82,6 +84,8 @@ class Context:
                "unit": unit, "loadavg": "/".join(f"{x:.2f}" for x in os.getloadavg()),
                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         self.rows.append(row)
+        if self.path:  # every measurement on disk at once: a later failure loses nothing
+            write_csv(self.path, self.rows, self.info)
         print(f"  {self.curve} {point} rep {rep}: {metric} = {value:,.3f} {unit} (load {row['loadavg']})",
               flush=True)
 
@@ -179,14 +183,20 @@ def main() -> None:
     info = machine(args.server, args.source)
     print("; ".join(f"{k}: {v}" for k, v in info.items()), flush=True)
     ctx = Context(args, awa_pool)
+    failed: List[str] = []
     try:
         for curve in curves:
             points = [int(p) for p in args.points.split(",")] if args.points else sizes[curve]
-            ctx.curve, ctx.rows = curve, []
-            ctx.say(f"curve {curve}: points {points}, {args.reps} measurements each")
-            getattr(scale_curves, curve)(ctx, points)
             path = os.path.join(args.out, f"scale-{curve}-{stamp}.csv")
-            write_csv(path, ctx.rows, {**info, "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+            ctx.curve, ctx.rows, ctx.path, ctx.info = curve, [], path, info
+            ctx.say(f"curve {curve}: points {points}, {args.reps} measurements each")
+            try:
+                getattr(scale_curves, curve)(ctx, points)
+            except Exception as exc:  # one curve's failure does not cost the others
+                ctx.say(f"curve {curve} FAILED: {type(exc).__name__}: {exc}")
+                failed.append(curve)
+            write_csv(path, ctx.rows, {**info, "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                       **({"failed": "yes, see the run's log"} if curve in failed else {})})
             print("\n".join(summary(ctx.rows)) + f"\nwrote {path}", flush=True)
             try:
                 import scale_plot
@@ -198,6 +208,8 @@ def main() -> None:
     finally:
         if not args.keep:
             scriptdb.drop_database(args.server, args.db)
+    if failed:
+        sys.exit(f"failed curves: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
