@@ -26,7 +26,8 @@ class Fleet:
     """k supervisors with `workers` children each, serving `queues`."""
 
     def __init__(self, dsn: str, *, supervisors: int = 1, workers: int = 1, queues: List[str],
-                 source: Optional[str] = None, leader: bool = True, metrics_port: Optional[int] = None):
+                 source: Optional[str] = None, leader: bool = True, metrics_port: Optional[int] = None,
+                 max_batch: Optional[int] = None):
         self.rec_dir = tempfile.mkdtemp(prefix="awa-scale-")
         self.procs: List[subprocess.Popen] = []
         queue_file = os.path.join(self.rec_dir, "queues.txt")
@@ -41,6 +42,8 @@ class Fleet:
                 cmd.append("--no-leader")
             if metrics_port is not None and i == 0:
                 cmd += ["--metrics-port", str(metrics_port)]
+            if max_batch is not None:
+                cmd += ["--max-batch", str(max_batch)]
             log = open(os.path.join(self.rec_dir, f"supervisor-{i}.log"), "wb")
             self.procs.append(subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -205,7 +208,7 @@ def probe_pickups(dsn: str, fleet: Fleet, queue: str, count: int, rate_hz: float
             committed[i] = time.time()
     finally:
         conn.close()
-    wait_for(lambda: len(fleet.records("probe")) >= count, 60, f"{count} probe jobs to start", fleet)
+    wait_for(lambda: len(fleet.records("probe")) >= count, 300, f"{count} probe jobs to start", fleet)
     started = {int(tag): float(at) for tag, at in fleet.records("probe")}
     return [1000.0 * (started[i] - committed[i]) for i in committed if i in started]
 

@@ -20,9 +20,10 @@ READS = ["queue_stats", "list_jobs first page", "list_jobs deep page", "list_job
          "awa-pool kinds --since 1h", "awa-pool jobs list", "Prometheus scrape"]
 # curve -> panels: (title, metrics, y label, log y)
 PANELS: Dict[str, List[Tuple[str, List[str], str, bool]]] = {
-    "backlog": [("drain rate", ["drain"], "jobs/s", False),
+    "backlog": [("drain rate", ["drain", "drain (batch <= 8)"], "jobs/s", False),
                 ("enqueue into the deep queue", ["enqueue 1/tx", "enqueue_many"], "jobs/s", True),
-                ("pickup of a priority-1 job while draining", ["pickup p50", "pickup p99"], "ms", False)],
+                ("pickup of a priority-1 job while draining",
+                 ["pickup p50", "pickup p99", "pickup p50 (batch <= 8)", "pickup p99 (batch <= 8)"], "ms", True)],
     "history": [("operator reads", READS, "ms (log)", True),
                 ("retention rotation", ["retention rotation"], "ms", False),
                 ("enqueue and drain", ["enqueue 1/tx", "enqueue_many", "drain"], "jobs/s", True)],

@@ -60,6 +60,7 @@ def main() -> None:
     parser.add_argument("--metrics-port", type=int)
     parser.add_argument("--source", help="import awa_pool from this checkout")
     parser.add_argument("--no-leader", action="store_true", help="never campaign for leader")
+    parser.add_argument("--max-batch", type=int, help="PoolConfig.max_batch_per_child")
     args = parser.parse_args()
     if args.source:
         sys.path.insert(0, os.path.dirname(HERE))
@@ -76,6 +77,8 @@ def main() -> None:
     options = {"leader": not args.no_leader}
     if args.metrics_port is not None:
         options["metrics_port"] = args.metrics_port
+    if args.max_batch is not None:
+        options["max_batch_per_child"] = args.max_batch
     sys.exit(awa_pool.Pool(args.dsn, workers=args.workers, queues=queues, **options).run())
 
 
