@@ -6,7 +6,7 @@ agreeing with a count of the rows themselves without reading them all."""
 from __future__ import annotations
 
 import json
-from typing import Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import psycopg2
 import pytest
@@ -51,6 +51,21 @@ def check_counts(dsn: str) -> None:
     recount = {k: tuple(v) for k, *v in query(dsn, RECOUNT_KINDS, {"failures": list(FAILURES)})}
     kinds = {k: tuple(int(x) for x in v) for k, *v in query(dsn, ROLLED_KINDS)}
     assert kinds == recount
+
+
+def history_rows_read(dsn: str, read: Callable[[Any], Any]) -> Tuple[Any, int]:
+    """read(conn)'s result, and how many rows of awa.jobs_done it read (the
+    transaction's own counters of every ring segment)."""
+    conn = psycopg2.connect(dsn)
+    try:
+        result = read(conn)
+        with conn.cursor() as cur:
+            cur.execute("SELECT sum(pg_stat_get_xact_tuples_fetched(i.inhrelid) "
+                        "+ pg_stat_get_xact_tuples_returned(i.inhrelid)) "
+                        "FROM pg_inherits i WHERE i.inhparent = 'awa.jobs_done'::regclass")
+            return result, cur.fetchone()[0]
+    finally:
+        conn.close()
 
 
 def claim(dsn: str, queue: str, count: int) -> Dict[int, int]:
@@ -159,16 +174,7 @@ def test_kind_stats_reads_a_bounded_sample_not_all_of_history(auto, dsn: str) ->
           FROM generate_series(1, 1200) g""")
     auto.cursor().execute("ANALYZE awa.jobs_done")
     for since_s in (None, 600.0):   # everything; the last 10 minutes (about 600 of the jobs)
-        conn = psycopg2.connect(dsn)
-        try:
-            with conn.cursor() as cur:
-                kinds = kind_stats(conn, sample=50, since_s=since_s)
-                cur.execute("SELECT sum(pg_stat_get_xact_tuples_fetched(i.inhrelid) "
-                            "+ pg_stat_get_xact_tuples_returned(i.inhrelid)) "
-                            "FROM pg_inherits i WHERE i.inhparent = 'awa.jobs_done'::regclass")
-                read = cur.fetchone()[0]
-        finally:
-            conn.close()
+        kinds, read = history_rows_read(dsn, lambda conn: kind_stats(conn, sample=50, since_s=since_s))
         assert [(k.kind, k.sampled) for k in kinds] == [("k0", 50), ("k1", 50), ("k2", 50)]
         assert read <= 3 * 50 + 10, f"kind_stats read {read} history rows"
         if since_s is None:
@@ -197,14 +203,5 @@ def test_list_jobs_age_filters_read_only_the_ids_of_that_age(auto, dsn) -> None:
         assert [r.id for r in rows] == expected, minutes
         newer = awa_pool.list_jobs(auto, limit=5000, newer_than=minutes * 60 + 30)
         assert len(newer) == min(minutes + 1, 3000), minutes
-    conn = psycopg2.connect(dsn)
-    try:
-        with conn.cursor() as cur:
-            awa_pool.list_jobs(conn, limit=10, older_than=1500 * 60 + 30)
-            cur.execute("SELECT sum(pg_stat_get_xact_tuples_fetched(i.inhrelid) "
-                        "+ pg_stat_get_xact_tuples_returned(i.inhrelid)) "
-                        "FROM pg_inherits i WHERE i.inhparent = 'awa.jobs_done'::regclass")
-            read = cur.fetchone()[0]
-    finally:
-        conn.close()
+    _, read = history_rows_read(dsn, lambda conn: awa_pool.list_jobs(conn, limit=10, older_than=1500 * 60 + 30))
     assert read < 400, f"a page 1,500 jobs deep read {read} rows"  # a page, the 10 min slack, the search

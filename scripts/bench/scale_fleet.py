@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,8 @@ import time
 from typing import Any, Dict, List, Optional
 
 import psycopg2
+
+from driver import stop_workers  # the harness's own group-wide SIGTERM, then SIGKILL
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -74,27 +75,8 @@ class Fleet:
         return {"supervisors": sups, "children": children}
 
     def stop(self, grace: float = 30.0) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.time() + grace
-        for p in self.procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                pass
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+        """SIGTERM each supervisor's process group, SIGKILL what is left after `grace`."""
+        stop_workers(self.procs, grace)
 
     def close(self) -> None:
         self.stop()
