@@ -17,7 +17,8 @@ from typing import Dict, List, Optional, Tuple
 
 READS = ["queue_stats", "list_jobs first page", "list_jobs deep page", "list_jobs state=failed", "get_job",
          "kind_stats", "kind_stats since 1h", "awa-pool queues", "awa-pool kinds",
-         "awa-pool kinds --since 1h", "awa-pool jobs list", "Prometheus scrape"]
+         "awa-pool kinds --since 1h", "awa-pool jobs list", "awa-pool --version (no database)",
+         "Prometheus scrape"]
 # curve -> panels: (title, metrics, y label, log y)
 PANELS: Dict[str, List[Tuple[str, List[str], str, bool]]] = {
     "backlog": [("drain rate", ["drain", "drain (batch <= 8)"], "jobs/s", False),

@@ -77,6 +77,8 @@ def api_reads(dsn: str, sample_id: int, deep_age_s: float) -> List[Tuple[str, Ca
 def cli_reads(dsn: str) -> List[Tuple[str, Callable[[], None]]]:
     base = ["--database-url", dsn]
     return [
+        # typer builds the command tree on every invocation: the floor under every CLI figure
+        ("awa-pool --version (no database)", cli(["--version"])),
         ("awa-pool queues", cli(["queues"] + base)),
         ("awa-pool kinds", cli(["kinds"] + base)),
         ("awa-pool kinds --since 1h", cli(["kinds", "--since", "1h"] + base)),
