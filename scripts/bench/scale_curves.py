@@ -100,9 +100,29 @@ def backlog(ctx: Any, depths: List[int]) -> None:
         conn.close()
 
 
+def _due_state(ctx: Any, conn: Any, n: int, per_job: float) -> float:
+    """n jobs due at one moment, built and vacuumed before it; returns it."""
+    build.clear_live(conn)
+    build.clear_done(conn)
+    due = time.time() + n * per_job * 2.0 + n * 2e-5 + 15
+    ctx.say(f"scheduled {n:,}: building, due in {due - time.time():.0f} s")
+    build.add_scheduled(conn, Q, n, due)
+    build.vacuum(conn, "awa.jobs_deferred", "awa.jobs_hot")
+    if time.time() > due - 3:
+        raise RuntimeError("the build overran the due time; raise the margin")
+    return due
+
+
+def _promoted(conn: Any, fleet: Fleet, due: float) -> float:
+    return wait_for(lambda: time.time() >= due and build.count(
+        conn, "SELECT count(*) FROM awa.jobs_deferred") == 0, 900, "every job promoted", fleet, every=0.25)
+
+
 def scheduled(ctx: Any, sizes: List[int]) -> None:
-    """n jobs scheduled for one moment T. The build is timed on a trial chunk
-    first, so T is set to fall a few seconds after the build and its VACUUM."""
+    """n jobs scheduled for one moment T (the build is timed on a trial chunk
+    first, so T falls a few seconds after the build and its VACUUM): the
+    leader promoting them alone (its supervisor serves another queue), then
+    while two supervisors drain them as they come."""
     for n in sizes:
         ctx.fresh()
         conn = ctx.connect()
@@ -110,18 +130,14 @@ def scheduled(ctx: Any, sizes: List[int]) -> None:
         build.add_scheduled(conn, Q, 10_000, time.time() + 86400)
         per_job = (time.time() - t) / 10_000
         for rep in range(1, ctx.reps + 1):
-            build.clear_live(conn)
-            build.clear_done(conn)
-            due = time.time() + n * per_job * 2.0 + n * 2e-5 + 15
-            ctx.say(f"scheduled {n:,}: building, due in {due - time.time():.0f} s")
-            build.add_scheduled(conn, Q, n, due)
-            build.vacuum(conn, "awa.jobs_deferred", "awa.jobs_hot")
-            if time.time() > due - 3:
-                raise RuntimeError("the build overran the due time; raise the margin")
+            due = _due_state(ctx, conn, n, per_job)
+            with Fleet(ctx.dsn, supervisors=1, workers=1, queues=["idle"], source=ctx.source) as fleet:
+                promoted = _promoted(conn, fleet, due)
+            ctx.record(n, "promotion, nothing draining", n / max(promoted - due, 1e-3), rep, "jobs/s")
+        for rep in range(1, ctx.reps + 1):
+            due = _due_state(ctx, conn, n, per_job)
             with Fleet(ctx.dsn, supervisors=2, workers=1, queues=[Q], source=ctx.source) as fleet:
-                promoted = wait_for(lambda: time.time() >= due and build.count(
-                    conn, "SELECT count(*) FROM awa.jobs_deferred") == 0, 900, "every job promoted",
-                    fleet, every=0.25)
+                promoted = _promoted(conn, fleet, due)
                 wait_for(lambda: done_count(conn, [Q]) >= n, 1800, "every job done", fleet, every=0.5)
             last = build.count(conn, "SELECT extract(epoch FROM max(attempted_at)) * 1000 FROM awa.jobs_done")
             ctx.record(n, "promotion", n / max(promoted - due, 1e-3), rep, "jobs/s")

@@ -28,7 +28,7 @@ PANELS: Dict[str, List[Tuple[str, List[str], str, bool]]] = {
     "history": [("operator reads", READS, "ms (log)", True),
                 ("retention rotation", ["retention rotation"], "ms", False),
                 ("enqueue and drain", ["enqueue 1/tx", "enqueue_many", "drain"], "jobs/s", True)],
-    "scheduled": [("promotion", ["promotion", "drain"], "jobs/s", False),
+    "scheduled": [("promotion", ["promotion, nothing draining", "promotion", "drain"], "jobs/s", False),
                   ("delays after the due time", ["due to all promoted", "due to last running"], "s", False)],
     "queues": [("weighted share (ideal 0.667)", ["share of weight-2 queues (ideal 0.667)"], "share", False),
                ("throughput", ["no-op drain", "20 ms jobs started"], "jobs/s", True),
