@@ -159,7 +159,9 @@ def queues(ctx: Any, counts: List[int]) -> None:
         for rep in range(1, ctx.reps + 1):
             build.clear_live(conn)
             build.clear_done(conn)
-            per = max(8, (2000 if ctx.small else 8000) // count)
+            # enough jobs per queue for the first half of the starts to span
+            # several turns of every queue (a turn of 1,000 queues is 1,500 batches)
+            per = max(24, (2000 if ctx.small else 8000) // count)
             for q in names:
                 build.add_available(conn, q, per, kind="sleep")
             build.vacuum(conn, "awa.jobs_hot")
