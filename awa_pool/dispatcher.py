@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
 
 from .config import QueueConfig
 
@@ -30,9 +30,16 @@ def entitlements(total: int, configs: Mapping[str, QueueConfig], active: Iterabl
 
 def shares(total: int, configs: Mapping[str, QueueConfig], active: Iterable[str]) -> Dict[str, float]:
     """Each active queue's share of `total` children, in fractions of a child."""
-    names = sorted(set(active))
+    names = set(active)
     if not names or total <= 0:
         return {}
+    plain = [configs[name] for name in names]
+    if not any(c.min or c.max is not None for c in plain):
+        # no minimum, no maximum (the usual case): shares are the weights' proportions,
+        # worked out in one pass (a supervisor redoes this whenever queues come and go)
+        weight_sum = sum(c.weight for c in plain)
+        return {name: total * configs[name].weight / weight_sum for name in names}
+    names = sorted(names)
     share: Dict[str, float] = {}
     caps = {name: (configs[name].max if configs[name].max is not None else total) for name in names}
     floor_ = {name: min(configs[name].min, caps[name]) for name in names}
@@ -95,19 +102,36 @@ class Stride:
         self._heap: List[Tuple[float, float, str]] = []
         self._queued: Set[str] = set()
         self._shares_key: Optional[Tuple[int, FrozenSet[str]]] = None
-        self._shares: Dict[str, float] = {}
+        self._shares: Any = {}
         self.whole: List[str] = []   # the queues whose share is at least one child
         self._capped_of: Optional[Mapping[str, QueueConfig]] = None
         self.capped: Set[str] = set()   # the queues with a max
+        self._plain = False              # no queue has a min or a max
+        self._weights: Dict[str, float] = {}
+        self._max_weight = 0.0
 
-    def shares(self, total: int, configs: Mapping[str, QueueConfig], active: Set[str]) -> Dict[str, float]:
+    def shares(self, total: int, configs: Mapping[str, QueueConfig], active: Set[str]) -> Any:
+        """Each active queue's share (get(name, default) and [name]), the last
+        one reused while `total` and the active set stay the same."""
         if configs is not self._capped_of:
             self._capped_of = configs
             self.capped = {name for name, config in configs.items() if config.max is not None}
+            self._plain = not self.capped and not any(config.min for config in configs.values())
+            self._weights = {name: config.weight for name, config in configs.items()}
+            self._max_weight = max(self._weights.values(), default=0.0)
         key = (total, frozenset(active))
         if key != self._shares_key:
-            self._shares_key, self._shares = key, shares(total, configs, active)
-            self.whole = [name for name, value in self._shares.items() if value >= 1.0 - 1e-9]
+            self._shares_key = key
+            if self._plain and active:
+                # the usual case: the weights' proportions, worked out on demand
+                # (with many queues the active set changes at nearly every plan)
+                factor = total / sum(self._weights[name] for name in active)
+                self._shares = _Proportional(self._weights, active, factor)
+                self.whole = ([name for name in active if self._weights[name] * factor >= 1.0 - 1e-9]
+                              if self._max_weight * factor >= 1.0 - 1e-9 else [])
+            else:
+                self._shares = shares(total, configs, active)
+                self.whole = [name for name, value in self._shares.items() if value >= 1.0 - 1e-9]
         return self._shares
 
     def pick(self, candidates: Set[str], configs: Mapping[str, QueueConfig]) -> Optional[str]:
@@ -125,6 +149,21 @@ class Stride:
                 self.passes[name] = self.clock + 1.0 / configs[name].weight
                 return name
         return None
+
+
+class _Proportional:
+    """Shares proportional to weight, worked out when asked for (get and [])."""
+
+    def __init__(self, weights: Mapping[str, float], active: Set[str], factor: float) -> None:
+        self.weights, self.active, self.factor = weights, active, factor
+
+    def get(self, name: str, default: float = 0.0) -> float:
+        return self.weights[name] * self.factor if name in self.active else default
+
+    def __getitem__(self, name: str) -> float:
+        if name not in self.active:
+            raise KeyError(name)
+        return self.weights[name] * self.factor
 
 
 def plan(idle: int, total: int, configs: Mapping[str, QueueConfig], busy: Mapping[str, int],
