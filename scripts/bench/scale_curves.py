@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, List
+from typing import Any, List, Optional
 
 import scale_build as build
 from scale_fleet import (Fleet, backend_pids, cpu_seconds, done_count, drain_rate, peak_rss,
@@ -68,6 +68,27 @@ def _drain_window(ctx: Any, conn: Any, fleet: Fleet, queues: List[str], target: 
     return first
 
 
+class _CpuMeter:
+    """CPU of the fleet's supervisors, children and PostgreSQL backends from
+    now until record(), per job completed meanwhile (less sensitive to a
+    shared machine's load than a rate)."""
+
+    def __init__(self, ctx: Any, conn: Any, fleet: Fleet, queues: Optional[List[str]] = None) -> None:
+        self.ctx = ctx
+        self.queues = queues or [Q]
+        pids = fleet.pids()
+        self.groups = {"supervisor": pids["supervisors"], "children": pids["children"],
+                       "postgres": backend_pids(conn, ctx.dbname)}
+        self.start = {p: cpu_seconds(p) for group in self.groups.values() for p in group}
+        self.done = done_count(conn, self.queues)
+
+    def record(self, point: Any, rep: int, tag: str, done: int) -> None:
+        jobs = max(done - self.done, 1)
+        for label, group in self.groups.items():
+            used = sum(cpu_seconds(p) - self.start[p] for p in group)
+            self.ctx.record(point, f"CPU per job, {label}{tag}", 1e6 * used / jobs, rep, "us")
+
+
 def backlog(ctx: Any, depths: List[int]) -> None:
     for depth in depths:
         ctx.say(f"backlog {depth:,}: building")
@@ -85,8 +106,10 @@ def backlog(ctx: Any, depths: List[int]) -> None:
             with Fleet(ctx.dsn, supervisors=2, workers=1, queues=[STRICT_Q], source=ctx.source,
                        max_batch=batch) as fleet:
                 wait_for(lambda: done_count(conn, [Q]) > 0, 120, "the first completion", fleet, every=0.05)
+                cpu = _CpuMeter(ctx, conn, fleet)
                 lat = probe_pickups(ctx.dsn, fleet, Q, PROBES, PROBE_HZ, ctx.awa)
                 _drain_window(ctx, conn, fleet, [Q], min(depth, DRAIN_CAP))
+                cpu.record(depth, rep, tag, done_count(conn, [Q]))   # probes are kind 'probe': not counted
             rate = drain_rate(conn, [Q], since)
             ctx.record(depth, "drain" + tag, rate["jobs_per_s"], rep, "jobs/s")
             lat.sort()
@@ -186,19 +209,11 @@ def queues(ctx: Any, counts: List[int]) -> None:
             since = time.time()
             with Fleet(ctx.dsn, supervisors=2, workers=1, queues=names, source=ctx.source) as fleet:
                 wait_for(lambda: done_count(conn, names) > 0, 120, "the first completion", fleet, every=0.05)
-                pids = fleet.pids()
-                pg = backend_pids(conn, ctx.dbname)
-                all_pids = pids["supervisors"] + pids["children"] + pg
-                cpu0, done0 = {p: cpu_seconds(p) for p in all_pids}, done_count(conn, names)
+                cpu = _CpuMeter(ctx, conn, fleet, names)
                 start = time.time()   # 90% done, or a minute: a cliff is measured, not waited out
                 wait_for(lambda: done_count(conn, names) >= per * count * 0.9 or time.time() - start > 60,
                          120, "90% done or a minute", fleet, every=0.25)
-                cpu1, done1 = {p: cpu_seconds(p) for p in all_pids}, done_count(conn, names)
-            jobs = max(done1 - done0, 1)
-            for label, group in (("supervisor", pids["supervisors"]), ("children", pids["children"]),
-                                 ("postgres", pg)):
-                used = sum(cpu1[p] - cpu0[p] for p in group)
-                ctx.record(count, f"CPU per job, {label}", 1e6 * used / jobs, rep, "us")
+                cpu.record(count, rep, "", done_count(conn, names))
             ctx.record(count, "no-op drain", drain_rate(conn, names, since)["jobs_per_s"], rep, "jobs/s")
         conn.close()
 

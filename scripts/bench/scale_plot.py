@@ -22,6 +22,8 @@ READS = ["queue_stats", "list_jobs first page", "list_jobs deep page", "list_job
 # curve -> panels: (title, metrics, y label, log y)
 PANELS: Dict[str, List[Tuple[str, List[str], str, bool]]] = {
     "backlog": [("drain rate", ["drain", "drain (batch <= 8)"], "jobs/s", False),
+                ("CPU per no-op job", ["CPU per job, supervisor", "CPU per job, children",
+                                       "CPU per job, postgres"], "µs", False),
                 ("enqueue into the deep queue", ["enqueue 1/tx", "enqueue_many"], "jobs/s", True),
                 ("pickup of a priority-1 job while draining",
                  ["pickup p50", "pickup p99", "pickup p50 (batch <= 8)", "pickup p99 (batch <= 8)"], "ms", True)],
@@ -70,23 +72,24 @@ def plot(*paths: str, out_dir: Optional[str] = None, out: Optional[str] = None,
     loaded = [load(p) for p in paths]
     curve, info, _ = loaded[0]
     panels = PANELS[curve]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.6 * len(panels), 4.6), squeeze=False)
     styles = ["-", "--", ":", "-."]
+    colours = [plt.get_cmap("tab20")(k) for k in range(20)]
     for ax, (title, metrics, ylabel, logy) in zip(axes[0], panels):
         for i, (_, _, data) in enumerate(loaded):
-            tag = f" ({labels[i]})" if labels else ""
-            for metric in metrics:
+            for j, metric in enumerate(metrics):   # one colour per metric, one line style per run
                 points = sorted(p for p, m in data if m == metric)
                 if not points:
                     continue
                 med = [statistics.median(data[(p, metric)]) for p in points]
                 lo = [m - min(data[(p, metric)]) for p, m in zip(points, med)]
                 hi = [max(data[(p, metric)]) - m for p, m in zip(points, med)]
-                ax.errorbar(points, med, yerr=[lo, hi], marker="o", capsize=3, linestyle=styles[i % 4],
-                            label=metric + tag, markersize=4)
+                ax.errorbar(points, med, yerr=[lo, hi], marker="o" if i == 0 else "s", capsize=3,
+                            linestyle=styles[i % 4], color=colours[j % len(colours)], markersize=4,
+                            label=metric if i == 0 or len(loaded) == 1 else None)
         xs = sorted({p for _, _, d in loaded for p, m in d if m in metrics})
         positive = [x for x in xs if x > 0]
-        if positive and positive[-1] / positive[0] >= 100:
+        if positive and positive[-1] / positive[0] >= 10:
             if xs[0] > 0:
                 ax.set_xscale("log")
             else:  # a 0 point (no history): linear up to the first positive one
@@ -102,8 +105,12 @@ def plot(*paths: str, out_dir: Optional[str] = None, out: Optional[str] = None,
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6 if len(metrics) > 4 else 8)
+    runs = ""
+    if labels:
+        runs = "; " + ", ".join(f"{label}: {styles[i % 4]!r} line" for i, label in enumerate(labels))
     fig.suptitle(f"{curve}: median of measurements, min-max bars ({info.get('date', '?')}, "
-                 f"{info.get('nproc', '?')} CPUs, {info.get('postgres', '?').split(',')[0]})", fontsize=10)
+                 f"{info.get('nproc', '?')} CPUs, {info.get('postgres', '?').split(',')[0]}){runs}",
+                 fontsize=10)
     fig.tight_layout()
     if out is None:
         base = os.path.basename(paths[0]).rsplit(".", 1)[0]
