@@ -270,9 +270,9 @@ def kinds_table(kinds: Sequence[Any], window: Optional[str] = None, sample: int 
     if not kinds:
         return text
     if window:
-        return (text + f"\nevery figure: what finished in the last {window} (counts in whole minutes; "
+        return (text + f"\n\nevery figure: what finished in the last {window} (counts in whole minutes; "
                 f"p50/p95 and RSS MAX: each kind's latest {sample:,} finished jobs in it)")
-    return (text + "\ncounts: every attempt on record; p50/p95 and RSS MAX: each kind's latest "
+    return (text + "\n\ncounts: every attempt on record; p50/p95 and RSS MAX: each kind's latest "
             f"{sample:,} finished jobs (--since for a window)")
 
 

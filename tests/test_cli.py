@@ -350,7 +350,9 @@ def test_kinds_figures(pools, dsn: str) -> None:
     assert kinds["retry_then_ok"]["runs"] == 2 and kinds["retry_then_ok"]["failures"] == 1 \
         and kinds["retry_then_ok"]["completed"] == 1
 
-    header, rows = parse_table(ok("kinds", "--database-url", dsn), right=KINDS_RIGHT)
+    table_text, note = ok("kinds", "--database-url", dsn).rstrip("\n").split("\n\n")
+    assert note.startswith("counts: every attempt on record; p50/p95 and RSS MAX: each kind's latest")
+    header, rows = parse_table(table_text, right=KINDS_RIGHT)
     assert header == ["KIND", "RUNS", "OK", "FAILURES", "CRASHES", "TIMEOUTS", "WALL p50/p95", "CPU p50/p95",
                       "PEAK RSS p50/p95", "RSS MAX"]
     assert next(row for row in rows if row[0] == "self_kill")[1:6] == ["1", "0", "0", "1", "0"]

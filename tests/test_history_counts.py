@@ -1,5 +1,5 @@
 """The running counts of terminal history (awa.done_counts and
-awa.done_kinds, migration 0017):
+awa.done_kinds, migration 0019):
 exact after every way history changes, per-session rows folded by the
 rotation, and the operator reads built on them (queue_stats, kind_stats)
 agreeing with a count of the rows themselves without reading them all."""

@@ -1,7 +1,7 @@
 -- Operator statistics behind queue_stats(), `awa-pool queues`, `kinds`, `top`
 -- and the Prometheus queue gauges. Read-only. None reads all of terminal
 -- history: its totals are kept in awa.done_counts and awa.done_kinds
--- (migration 0017), the recent throughput reads the last minute of the
+-- (migration 0019), the recent throughput reads the last minute of the
 -- (queue, state, finalized_at) index, and per-kind percentiles read a
 -- bounded sample.
 
@@ -25,7 +25,7 @@ SELECT s.id, s.hostname, s.pid, s.version, s.queues, s.workers, s.started_at,
  ORDER BY s.hostname, s.pid, s.id
 
 -- name: kind_stats
--- Per kind (schema: awa.kind_stats, migration 0017): counts over every
+-- Per kind (schema: awa.kind_stats, migration 0019): counts over every
 -- attempt on record, percentiles over each kind's latest %(sample)s
 -- finished jobs; with since_s, both only what finished in that window.
 SELECT * FROM awa.kind_stats(%(kind)s, %(since_s)s, %(sample)s)
