@@ -1,6 +1,7 @@
 """scale.py's history curve: terminal history of 0, 1M and 10M rows (the
 done ring as a day of traffic leaves it, scale_build.add_history), and on
-it: every operator read, the retention rotation, enqueue and drain rate.
+it: every operator read (API, CLI, dashboard pages, Prometheus scrape),
+the retention rotation, enqueue and drain rate.
 
 Supervisors here never lead (no rotation behind the measurement's back);
 the rotation is timed by calling awa.rotate_done_ring as the leader does,
@@ -107,6 +108,10 @@ def history(ctx: Any, sizes: List[int]) -> None:
         finally:
             api_conn.close()
         _record_reads(ctx, size, reads.time_reads(reads.cli_reads(ctx.dsn), ctx.reps))
+        failed = build.count(conn, "SELECT coalesce(max(id), %(id)s) FROM awa.jobs_done "
+                                   "WHERE state = 'failed' AND id <= %(id)s", {"id": sample})
+        _record_reads(ctx, size, reads.time_reads(
+            reads.dashboard_reads(ctx.dsn, failed, sample, build.KINDS[0]), ctx.reps))
         _scrape(ctx, size)
         if size:
             _rotation(ctx, conn, size)

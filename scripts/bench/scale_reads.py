@@ -1,8 +1,9 @@
 """The operator reads scale.py times against a big history: the Python API
 (queue_stats, list_jobs, get_job, kind_stats), the CLI commands operators
 type (run in-process, so Python's start-up is not counted, but connecting,
-the schema check, the query and the formatting are) and a Prometheus scrape
-of a live supervisor.
+the schema check, the query and the formatting are), the dashboard's pages
+(through its WSGI app, rendering included) and a Prometheus scrape of a
+live supervisor.
 """
 from __future__ import annotations
 
@@ -84,6 +85,37 @@ def cli_reads(dsn: str) -> List[Tuple[str, Callable[[], None]]]:
         ("awa-pool kinds --since 1h", cli(["kinds", "--since", "1h"] + base)),
         ("awa-pool jobs list", cli(["jobs", "list"] + base)),
     ]
+
+
+def dashboard_reads(dsn: str, sample_id: int, middle_id: int, kind: str) -> List[Tuple[str, Callable[[], None]]]:
+    """(name, call) for the dashboard's pages, each a GET through the app's
+    test client that must answer 200. The kinds pages keep the slices of
+    time that have closed, so their repeated calls read only the newest
+    slice; time_reads' untimed first call pays for the rest (a fresh
+    dashboard's first view, which dashboard_speed.py reports separately)."""
+    from awa_pool.dashboard import create_app
+
+    client = create_app(dsn).test_client()
+
+    def page(path: str) -> Callable[[], None]:
+        def run() -> None:
+            status = client.get(path).status_code
+            if status != 200:
+                raise RuntimeError(f"dashboard {path}: HTTP {status}")
+        return run
+
+    return [(f"dashboard {label}", page(path)) for label, path in [
+        ("overview", "/"),
+        ("overview fragment", "/fragment/overview"),
+        ("jobs, first page", "/jobs"),
+        ("jobs, deep page", f"/jobs?before={middle_id}"),
+        ("jobs, state=failed", "/jobs?state=failed"),
+        (f"jobs, kind={kind}", f"/jobs?kind={kind}"),
+        ("job detail", f"/jobs/{sample_id}"),
+        ("kinds, last hour", "/kinds"),
+        ("kinds, last 24 h", "/kinds?window=24h"),
+        ("dead letters", "/dlq"),
+    ]]
 
 
 def time_reads(reads: List[Tuple[str, Callable[[], None]]], reps: int, pause_s: float = 0.0,
