@@ -6,6 +6,7 @@ agreeing with a count of the rows themselves without reading them all."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Callable, Dict, List, Tuple
 
 import psycopg2
@@ -205,3 +206,16 @@ def test_list_jobs_age_filters_read_only_the_ids_of_that_age(auto, dsn) -> None:
         assert len(newer) == min(minutes + 1, 3000), minutes
     _, read = history_rows_read(dsn, lambda conn: awa_pool.list_jobs(conn, limit=10, older_than=1500 * 60 + 30))
     assert read < 400, f"a page 1,500 jobs deep read {read} rows"  # a page, the 10 min slack, the search
+
+
+def test_the_insert_triggers_written_out_statement_is_the_shared_one(dsn: str) -> None:
+    """count_done() runs inserts (every completion flush) as a statement
+    written out in its body, for a cached plan, and every other change
+    through awa.done_counts_sql(): the two must count the same way."""
+    def words(sql: str) -> str:
+        return " ".join(sql.replace("(", " ( ").replace(")", " ) ").replace(";", " ").split())
+
+    shared = scalar(dsn, "SELECT format(awa.done_counts_sql(), 'new_rows', 1)")
+    body = scalar(dsn, "SELECT prosrc FROM pg_proc WHERE oid = 'awa.count_done()'::regprocedure")
+    written = re.split(r"\n\s*ELSE\n", body.split("IF TG_OP = 'INSERT' THEN", 1)[1], maxsplit=1)[0]
+    assert words(written) == words(shared.replace("1 * ", ""))
