@@ -109,7 +109,7 @@ def history(ctx: Any, sizes: List[int]) -> None:
             api_conn.close()
         _record_reads(ctx, size, reads.time_reads(reads.cli_reads(ctx.dsn), ctx.reps))
         failed = build.count(conn, "SELECT coalesce(max(id), %(id)s) FROM awa.jobs_done "
-                                   "WHERE state = 'failed' AND id <= %(id)s", {"id": sample})
+                                   "WHERE state = 'failed' AND id <= %(id)s", {"id": sample}) if size else None
         _record_reads(ctx, size, reads.time_reads(
             reads.dashboard_reads(ctx.dsn, failed, sample, build.KINDS[0]), ctx.reps))
         _scrape(ctx, size)
