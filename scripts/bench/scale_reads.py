@@ -40,9 +40,17 @@ def cli(argv: List[str]) -> Callable[[], None]:
 
 
 def scrape(port: int) -> Callable[[], None]:
-    def run() -> None:
+    def fetch() -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
-            body = resp.read().decode()
+            return resp.read().decode()
+
+    def run() -> None:
+        try:
+            body = fetch()
+        except ConnectionResetError:
+            # seen once under load (cause not found yet): say so and try again
+            print(f"  the scrape of port {port} was reset; scraping again", flush=True)
+            body = fetch()
         if "awa_queue_stats_up 1.0" not in body:
             raise RuntimeError("the scrape's queue gauges failed (awa_queue_stats_up is not 1)")
     return run
