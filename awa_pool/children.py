@@ -49,7 +49,7 @@ class ChildHandle:
     ready: bool = False
     queue: Optional[str] = None
     inflight: List[InFlight] = field(default_factory=list)
-    taken_back: Dict[int, InFlight] = field(default_factory=dict)  # until it reports them released
+    taken_back: Dict[Tuple[int, int], InFlight] = field(default_factory=dict)  # (id, lease): until reported
     tasks_done: int = 0
     rss: Optional[int] = None
     stopping: bool = False
@@ -291,8 +291,12 @@ class Children:
             if tag == DONE:
                 reported = message[1]
                 child.rss = message[2]
-                held = {job.id: job for job in child.inflight}
-                outcomes.extend(Finished(o, held.pop(o.job_id, None) or child.taken_back.pop(o.job_id, None))
+                # By job and lease: a job taken back can come back to this
+                # child under a new lease before the child reports the old
+                # one released, and that report must not end the new attempt.
+                held = {(job.id, job.lease): job for job in child.inflight}
+                outcomes.extend(Finished(o, held.pop((o.job_id, o.lease), None)
+                                         or child.taken_back.pop((o.job_id, o.lease), None))
                                 for o in reported)
                 child.inflight = list(held.values())
                 if not child.inflight:
@@ -376,7 +380,7 @@ class Children:
         stolen = [job for job in child.inflight if job.position >= first]
         child.inflight = [job for job in child.inflight if job.position < first]
         child.refill_wanted = False
-        child.taken_back.update((job.id, job) for job in stolen)
+        child.taken_back.update(((job.id, job.lease), job) for job in stolen)
         released.outcomes.extend(Outcome(job.id, job.lease, "released") for job in stolen)
         released.queues.update(job.queue for job in stolen)
         if stolen:

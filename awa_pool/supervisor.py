@@ -353,7 +353,8 @@ class Supervisor:
         orphans = [(job_id, lease) for job_id, lease in rows
                    if held.get(job_id) != lease and job_id not in pending]
         if orphans:
-            log.warning("releasing %d job(s) claimed by this supervisor but held by no child", len(orphans))
+            log.warning("releasing %d job(s) claimed by this supervisor but held by no child: %s", len(orphans),
+                        ", ".join(str(job_id) for job_id, _ in orphans[:20]) + (" ..." if len(orphans) > 20 else ""))
             self.completer.add([Outcome(job_id, lease, "released") for job_id, lease in orphans])
 
     def _heartbeat(self, now: float) -> None:

@@ -197,11 +197,12 @@ class FaultInjector:
             child_pid, execution = self.rng.choice(children), None
         if parent_of(child_pid) != inc.pid:
             return False
+        at = time.time()  # before the kill: what it causes may come before this thread runs again
         try:
             os.kill(child_pid, signal.SIGKILL)
         except ProcessLookupError:
             return False
-        fault = Fault("child_kill", time.time(), sup_pid=inc.pid, child_pid=child_pid,
+        fault = Fault("child_kill", at, sup_pid=inc.pid, child_pid=child_pid,
                       detail=f"job {execution.job_id} lease {execution.lease}" if execution else "idle child")
         self.faults.append(fault)
         if execution is not None:
@@ -225,13 +226,14 @@ class FaultInjector:
         inc = self.rng.choice(running)
         children = [ident for ident in (identity(pid) for pid in children_of(inc.pid)) if ident is not None]
         was_paused = inc.paused_at is not None
+        at = time.time()  # before the kill (Fleet.kill returns once the process is reaped)
         self.fleet.kill(inc, restart_after=self.rng.uniform(0.2, 2.0))
         if was_paused:  # killed while frozen: that pause ends here
             for fault in reversed(self.faults):
                 if fault.kind == "pause" and fault.sup_pid == inc.pid and fault.until is None:
                     fault.until = inc.ended_at
                     break
-        fault = Fault("supervisor_kill", inc.ended_at or time.time(), sup_pid=inc.pid,
+        fault = Fault("supervisor_kill", at, sup_pid=inc.pid,
                       detail=f"slot {inc.slot}, {len(children)} children")
         self.faults.append(fault)
         self.pause_due.pop(inc.pid, None)
@@ -271,6 +273,7 @@ class FaultInjector:
         inc = self.rng.choice(candidates)
         backends = owned[inc.pid]
         victims = backends if self.rng.random() < 0.4 else [self.rng.choice(backends)]
+        at = time.time()  # before the sessions end
         cur.execute("SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)), extract(epoch FROM clock_timestamp()) "
                     "FROM unnest(%s::int[]) AS pid", ([pid for pid, _ in victims],))
         killed, db_time = cur.fetchone()
@@ -278,7 +281,7 @@ class FaultInjector:
             return False
         self.backends_terminated += killed
         what = ", ".join(session_name(query) for _, query in victims)
-        fault = Fault("backend_kill", time.time(), sup_pid=inc.pid, detail=f"{killed} session(s): {what}")
+        fault = Fault("backend_kill", at, sup_pid=inc.pid, detail=f"{killed} session(s): {what}")
         self.faults.append(fault)
         fleet, port = self.fleet, self.server.port
 

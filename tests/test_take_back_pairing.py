@@ -1,0 +1,99 @@
+"""A job taken back from a child and handed to that same child again under a
+new lease: the child's late "released" for the old lease must not make the
+supervisor forget the new attempt, which the child is running. The chaos run
+found the consequence: the supervisor's reconcile released that job while its
+child ran it, so it ran twice with no fault to explain it."""
+from __future__ import annotations
+
+import pytest
+
+from awa_pool import Job, fetcher
+from awa_pool.config import PoolConfig
+from awa_pool.supervisor import Supervisor
+from awa_pool.tasks import import_app
+from helpers import enqueue_jobs, job_row, wait_for
+
+
+@pytest.fixture
+def supervisor(dsn):
+    """A supervisor's parts without its loop: session, completer, one child.
+    The test plays the loop, so it decides when jobs go out and messages come in."""
+    import_app("apps.gates")
+    sup = Supervisor(PoolConfig(dsn=dsn, workers=1, app="apps.gates", leader=False))
+    sup.queues = sup._served_queues()
+    sup._start_session()
+    sup.completer.start()
+    try:
+        yield sup
+    finally:
+        sup.completer.stop()
+        sup.children.kill_all()
+        for child in sup.children.all():
+            child.process.join(timeout=5)
+        sup.session.close()
+        sup.selector.close()
+
+
+def _claim(sup: Supervisor, limit: int):
+    return sup.session.run(lambda cur: fetcher.claim(
+        cur, queue="gates", limit=limit, supervisor_id=sup.supervisor_id, aging_s=60.0,
+        lease=sup.claimer._next_lease()))
+
+
+def test_a_late_release_of_an_old_lease_leaves_the_new_attempt_held(supervisor, dsn, tmp_path) -> None:
+    sup = supervisor
+    log = tmp_path / "starts.log"
+    gate_a, gate_j = tmp_path / "open-a", tmp_path / "open-j"
+    a_id, j_id = enqueue_jobs(dsn, [Job("gate", {"gate": str(gate_a), "log": str(log)}),
+                                    Job("gate", {"gate": str(gate_j), "log": str(log)})])
+    child = sup.children.spawn(0)
+
+    def pump():
+        sup._on_child_readable(child)  # what the loop does when the child's pipe is readable
+        return True
+
+    wait_for(lambda: pump() and child.ready, timeout=30, message="the child to say it is ready")
+
+    # A and J go to the child in one batch; A runs long, so J is taken back.
+    first = _claim(sup, 2)
+    assert [job.id for job in first] == [a_id, j_id]
+    old_lease = first[1].lease
+    sup.children.assign(child, "gates", first)
+    wait_for(lambda: pump() and child.running_job()[0] == a_id, timeout=30, message="job A to start")
+    released = sup.children.take_back(child, "job A runs long")
+    assert [(o.job_id, o.lease, o.outcome) for o in released.outcomes] == [(j_id, old_lease, "released")]
+    sup._release(released)
+    wait_for(lambda: job_row(dsn, j_id)["state"] == "available", timeout=30,
+             message="the taken-back job J to be available again")
+
+    # J is claimed again and queued behind A in the same child, under a new lease.
+    second = _claim(sup, 1)
+    assert [job.id for job in second] == [j_id]
+    new_lease = second[0].lease
+    assert new_lease != old_lease
+    sup.children.assign(child, "gates", second)
+
+    # A ends; the child skips the old J and reports it released (with A's
+    # outcome), then starts the new J, which waits at its gate.
+    gate_a.touch()
+    wait_for(lambda: pump() and all(job.id != a_id for job in child.inflight)
+             and f"start {j_id} {new_lease}" in log.read_text(),
+             timeout=30, message="job A to be reported and the new attempt of J to start")
+    assert sup.children.inflight_leases() == {j_id: new_lease}, \
+        "the release of J's old lease made the supervisor forget J's new attempt, which its child runs"
+
+    # The supervisor's reconcile (every 30 s, and after a reconnect) must
+    # leave J alone, once the outcomes read so far are written.
+    assert sup.completer.drain(10), "the completer did not write its outcomes"
+    sup._reconcile()
+    assert sup.completer.drain(10), "the completer did not write its outcomes"
+    row = job_row(dsn, j_id)
+    assert (row["state"], row["lease"]) == ("running", new_lease), \
+        f"reconcile released job J while its child ran it: {row}"
+
+    gate_j.touch()
+    row = wait_for(lambda: pump() and sup.completer.drain(1) and (r := job_row(dsn, j_id))["state"] != "running"
+                   and r, timeout=30, message="job J to end")
+    assert row["state"] == "completed" and row["result"] == {"lease": new_lease}, row
+    starts = log.read_text().split("\n")
+    assert sorted(filter(None, starts)) == sorted([f"start {a_id} {first[0].lease}", f"start {j_id} {new_lease}"])
