@@ -171,9 +171,11 @@ def job_rows(cur: Any) -> Dict[int, tuple]:
 
 def _explains(fault: Fault, first: Execution, second: Execution) -> bool:
     """Could this fault have made `first`'s outcome go missing, so that the
-    job ran again as `second`?"""
+    job ran again as `second`? A pause, and terminated connections until the
+    supervisor has them back (its liveness lock lives on one: the leader may
+    rescue its jobs meanwhile), act for a while: any overlap counts."""
     low, high = first.start_t - EXPLAIN_SLACK_S, second.start_t
-    if fault.kind == "pause":
+    if fault.kind in ("pause", "backend_kill"):
         return fault.sup_pid == first.ppid and fault.at <= high and (fault.until or high) >= low
     if fault.kind == "server_restart":
         return low <= fault.at <= high

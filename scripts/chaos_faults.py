@@ -33,7 +33,7 @@ class Fault:
     at: float                         # wall time
     sup_pid: Optional[int] = None
     child_pid: Optional[int] = None
-    until: Optional[float] = None     # pauses: SIGCONT time
+    until: Optional[float] = None     # pauses: SIGCONT time; backend kills: back (or superseded)
     detail: str = ""
 
 
@@ -287,6 +287,7 @@ class FaultInjector:
 
         def check(cur: Any) -> Optional[str]:
             if not inc.active:
+                fault.until = time.time()
                 return "superseded"
             if inc.db_id is None:
                 cur.execute("SELECT id FROM awa.supervisors WHERE pid = %s ORDER BY id DESC LIMIT 1", (inc.pid,))
@@ -300,7 +301,10 @@ class FaultInjector:
             if not (row and row[0]):
                 return None
             sessions = backends_by_supervisor(cur, fleet, port).get(inc.pid, [])
-            return "recovered" if any(query.startswith("LISTEN") for _, query in sessions) else None
+            if not any(query.startswith("LISTEN") for _, query in sessions):
+                return None
+            fault.until = time.time()  # its sessions, and with them its liveness lock, are back
+            return "recovered"
 
         self.observer.add(Probe("backend_kill", fault.at, check, fault.detail))
         return True
