@@ -25,6 +25,19 @@ EWMA_ALPHA = 0.2
 Db = Callable[[str, Callable[[Any], Any]], Any]
 
 
+def spread(n: int, caps: List[int]) -> List[int]:
+    """How many of n claimed jobs each child takes: as evenly as their caps
+    allow, every job placed while the caps have room (a child near its
+    recycling takes fewer, and the others take what it leaves)."""
+    takes = [0] * len(caps)
+    left = n
+    order = sorted(range(len(caps)), key=lambda i: caps[i])  # the smallest caps first
+    for rank, index in enumerate(order):
+        takes[index] = min(caps[index], -(-left // (len(caps) - rank)))
+        left -= takes[index]
+    return takes
+
+
 class Claimer:
     def __init__(self, config: PoolConfig, children: Children, db: Db,
                  connected: Callable[[], bool], on_claimed: Callable[[str, List[ClaimedJob]], None],
@@ -146,14 +159,11 @@ class Claimer:
         if jobs is None:
             return None
         offset = given = 0
-        for index, child in enumerate(kids):
-            left = len(jobs) - offset
-            if left <= 0:
-                break
-            take = min(caps[index], -(-left // (len(kids) - index)))  # spread evenly
-            self.children.assign(child, name, jobs[offset:offset + take])
-            offset += take
-            given += 1
+        for child, take in zip(kids, spread(len(jobs), caps)):
+            if take:
+                self.children.assign(child, name, jobs[offset:offset + take])
+                offset += take
+                given += 1
         return given
 
     def _blocked(self, now: float) -> Set[str]:

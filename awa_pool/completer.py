@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import psycopg2
 
-from .db import close_quietly, connect, first_line, is_connection_error, socket_of
+from .db import close_quietly, connect, first_line, is_transient, socket_of
 from .errors import AwaError
 from .protocol import Outcome
 from .sql import QUERIES
@@ -151,7 +151,7 @@ class Completer:
         try:
             cur.execute(statement, params)
         except psycopg2.Error as exc:
-            if is_connection_error(exc):
+            if is_transient(exc):  # retried whole, with backoff
                 raise
             # One value the database refuses must not block the others:
             # settle them one by one, failing only the job it refuses.
@@ -173,7 +173,7 @@ class Completer:
         try:
             cur.execute(QUERIES["complete_and_settle"], params)
         except psycopg2.Error as exc:
-            if is_connection_error(exc):
+            if is_transient(exc):
                 raise
             log.warning("combined flush refused (%s); writing its two parts apart", first_line(exc))
             return []
@@ -185,7 +185,7 @@ class Completer:
         try:
             applied = self._settle(cur, batch)
         except psycopg2.Error as exc:
-            if is_connection_error(exc):
+            if is_transient(exc):
                 raise
             log.warning("batch settle refused (%s); settling %d outcomes one by one",
                         first_line(exc), len(batch))
@@ -207,7 +207,7 @@ class Completer:
         try:
             return self._settle(cur, [outcome])
         except psycopg2.Error as exc:
-            if is_connection_error(exc):
+            if is_transient(exc):
                 raise
             reason = first_line(exc)
         log.warning("job %d: the database refused its outcome (%s); failing it", outcome.job_id, reason)
@@ -216,7 +216,7 @@ class Completer:
         try:
             return self._settle(cur, [refused])
         except psycopg2.Error as exc:
-            if is_connection_error(exc):
+            if is_transient(exc):
                 raise
             log.error("job %d: could not record its outcome (%s); it will be released",
                       outcome.job_id, first_line(exc))

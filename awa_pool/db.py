@@ -177,10 +177,31 @@ def first_line(exc: BaseException) -> str:
     return redact(text.splitlines()[0] if text else type(exc).__name__)
 
 
+# SQLSTATEs that end the session: class 08 (connection exceptions), 57P01
+# admin_shutdown (pg_terminate_backend), 57P02 crash_shutdown, 57P03
+# cannot_connect_now, 53300 too_many_connections (no session was made).
+SESSION_GONE = ("57P01", "57P02", "57P03", "53300")
+# SQLSTATEs of a statement that failed while its session lives on and that
+# succeed when tried again: class 40 (deadlock, serialization failure), 55P03
+# lock_not_available (lock_timeout), 57014 query_canceled (statement_timeout).
+RETRY_LATER = ("55P03", "57014")
+
+
 def is_connection_error(exc: BaseException) -> bool:
-    """True for errors that mean the session is gone (retry on a new one)."""
-    if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)):
-        return True
+    """True for errors that mean the session is gone (retry on a new one).
+    psycopg2 also raises OperationalError for a deadlock or a lock or
+    statement timeout; those carry a SQLSTATE of their own and leave the
+    session (and the locks it holds) alive, so they are not counted here."""
     pgcode = getattr(exc, "pgcode", None) or ""
-    # 57P01 admin_shutdown (pg_terminate_backend), 57P02/57P03, class 08 connection exceptions
-    return pgcode.startswith("08") or pgcode in ("57P01", "57P02", "57P03")
+    if pgcode:
+        return pgcode.startswith("08") or pgcode in SESSION_GONE
+    # no SQLSTATE: the client lost the server (closed, reset, timed out)
+    return isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError))
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors worth retrying as they are: a lost session, or a
+    statement the server gave up on (deadlock, serialization failure, lock
+    or statement timeout). Never a reason to fail a job."""
+    pgcode = getattr(exc, "pgcode", None) or ""
+    return is_connection_error(exc) or pgcode.startswith("40") or pgcode in RETRY_LATER

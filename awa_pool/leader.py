@@ -17,7 +17,7 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 
-from .db import LOCK_CLASS, LOCK_LEADER, close_quietly, connect, first_line
+from .db import LOCK_CLASS, LOCK_LEADER, close_quietly, connect, first_line, is_connection_error
 from .errors import DatabaseUnavailable
 from .maintenance import Maintenance
 from .sql import QUERIES
@@ -81,8 +81,12 @@ class Leader:
             try:
                 wait = self.step()
             except (psycopg2.Error, DatabaseUnavailable) as exc:
-                log.warning("leader connection failed: %s", first_line(exc))
-                self._drop_connection()
+                if self.conn is not None and not self.conn.closed and not is_connection_error(exc):
+                    # a lock or statement timeout: the session (and the lock) live on
+                    log.warning("leader pass failed: %s", first_line(exc))
+                else:
+                    log.warning("leader connection failed: %s", first_line(exc))
+                    self._drop_connection()
                 wait = 1.0
             except Exception:  # a bug in a service must not kill the thread silently
                 log.exception("maintenance failed")

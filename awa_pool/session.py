@@ -24,7 +24,7 @@ import psycopg2.extensions
 from tenacity import RetryCallState, wait_exponential, wait_random
 
 from .config import PoolConfig, QueueConfig
-from .db import close_quietly, connect, first_line, is_connection_error, socket_of
+from .db import close_quietly, connect, first_line, is_connection_error, is_transient, socket_of
 from .errors import AwaError
 from .liveness import LivenessLock
 from .notifier import Notifier
@@ -90,7 +90,7 @@ class Session:
             except psycopg2.Error as exc:
                 self.close()
                 remaining = deadline - time.monotonic()
-                if not is_connection_error(exc) or remaining <= 0:
+                if not is_transient(exc) or remaining <= 0:
                     raise
                 if attempt == 1:
                     log.warning("lost the database during start-up (%s); starting over for up to %.0fs",

@@ -9,7 +9,7 @@ import psycopg2
 import pytest
 
 from awa_pool import Job, pause_queue, resume_queue
-from awa_pool.claimer import Claimer
+from awa_pool.claimer import Claimer, spread
 from awa_pool.config import PoolConfig, QueueConfig
 from awa_pool.dispatcher import Stride, entitlements, plan
 from helpers import enqueue_jobs, count_lines, exec_records, query, states, wait_for
@@ -17,6 +17,16 @@ from helpers import enqueue_jobs, count_lines, exec_records, query, states, wait
 
 def q(**kwargs):
     return QueueConfig(**kwargs)
+
+
+def test_a_claimed_batch_is_spread_over_children_within_their_caps():
+    assert spread(9, [8, 1]) == [8, 1]          # a child near recycling takes one; the other the rest
+    assert spread(9, [8, 8]) == [5, 4]
+    assert spread(2, [8, 8, 8, 8]) == [1, 1, 0, 0]
+    assert spread(10, [1, 2, 8]) == [1, 2, 7]
+    for n, caps in ((7, [3, 1, 5]), (12, [4, 4, 4]), (3, [1, 1, 1, 1]), (0, [2, 2])):
+        takes = spread(n, caps)
+        assert sum(takes) == min(n, sum(caps)) and all(t <= c for t, c in zip(takes, caps)), (n, caps, takes)
 
 
 def test_entitlements_follow_weights():

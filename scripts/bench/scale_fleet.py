@@ -85,8 +85,21 @@ class Fleet:
     def __enter__(self) -> "Fleet":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None:
+            self.show_logs()
         self.close()
+
+    def show_logs(self, lines: int = 15) -> None:
+        """The end of each supervisor's log, when a measurement failed."""
+        for i, proc in enumerate(self.procs):
+            path = os.path.join(self.rec_dir, f"supervisor-{i}.log")
+            with open(path, "rb") as f:
+                tail = f.read().decode(errors="replace").splitlines()[-lines:]
+            state = "running" if proc.poll() is None else f"exited {proc.returncode}"
+            print(f"  supervisor {i} ({state}), last lines of its log:", flush=True)
+            for line in tail:
+                print(f"    {line}", flush=True)
 
     def records(self, prefix: str) -> List[List[str]]:
         rows = []
