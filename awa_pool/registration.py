@@ -13,6 +13,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Tuple
 
+import psycopg2
+
 from .config import QueueConfig
 from .migrate import require_current
 from .periodic_admin import register_schedules
@@ -35,10 +37,8 @@ def register(conn: Any, queues: Dict[str, QueueConfig], workers: int, pid: int, 
     pooler) leaves the session's settings alone."""
     require_current(conn)
     with conn.cursor() as cur:
-        cur.execute(QUERIES["register_supervisor"], {
-            "hostname": socket.gethostname(), "pid": pid, "version": __version__,
-            "queues": sorted(queues), "workers": workers})
-        supervisor_id = cur.fetchone()[0]
+        supervisor_id = _register_row(cur, {"hostname": socket.gethostname(), "pid": pid, "version": __version__,
+                                            "queues": sorted(queues), "workers": workers})
         # The registration above committed synchronously (its id seeds every
         # lease this supervisor hands out); from here on the session's writes
         # need not wait for fsync (see worker_session). Through a transaction
@@ -62,3 +62,18 @@ def read_queue_settings(cur: Any, queues: Iterable[str]) -> Tuple[Dict[str, int]
     cur.execute(QUERIES["queue_settings"], {"names": sorted(queues)})
     rows = cur.fetchall()
     return {name: shards for name, shards, _ in rows}, {name: paused for name, _, paused in rows}
+
+
+def _register_row(cur: Any, values: Dict[str, Any], attempts: int = 20) -> int:
+    """A new supervisor row with the next free id. A heartbeat puts back the
+    row of a supervisor the leader forgot, under its own id; when the
+    database was dropped and made again under a running supervisor, that id
+    may be one the fresh sequence has yet to hand out: skip it."""
+    for attempt in range(attempts):
+        try:
+            cur.execute(QUERIES["register_supervisor"], values)
+            return cur.fetchone()[0]
+        except psycopg2.errors.UniqueViolation:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")

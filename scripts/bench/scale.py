@@ -198,6 +198,8 @@ def main() -> None:
             write_csv(path, ctx.rows, {**info, "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                        **({"failed": "yes, see the run's log"} if curve in failed else {})})
             print("\n".join(summary(ctx.rows)) + f"\nwrote {path}", flush=True)
+            if not ctx.rows:
+                continue   # nothing measured: nothing to draw
             try:
                 import scale_plot
 
