@@ -19,6 +19,9 @@ READS = ["queue_stats", "list_jobs first page", "list_jobs deep page", "list_job
          "kind_stats", "kind_stats since 1h", "awa-pool queues", "awa-pool kinds",
          "awa-pool kinds --since 1h", "awa-pool jobs list", "awa-pool --version (no database)",
          "Prometheus scrape"]
+DASHBOARD = ["dashboard " + page for page in (
+    "overview", "overview fragment", "jobs, first page", "jobs, deep page", "jobs, state=failed",
+    "jobs, kind=send_email", "job detail", "kinds, last hour", "kinds, last 24 h", "dead letters")]
 # curve -> panels: (title, metrics, y label, log y)
 PANELS: Dict[str, List[Tuple[str, List[str], str, bool]]] = {
     "backlog": [("drain rate", ["drain", "drain (batch <= 8)"], "jobs/s", False),
@@ -27,7 +30,8 @@ PANELS: Dict[str, List[Tuple[str, List[str], str, bool]]] = {
                 ("enqueue into the deep queue", ["enqueue 1/tx", "enqueue_many"], "jobs/s", True),
                 ("pickup of a priority-1 job while draining",
                  ["pickup p50", "pickup p99", "pickup p50 (batch <= 8)", "pickup p99 (batch <= 8)"], "ms", True)],
-    "history": [("operator reads", READS, "ms (log)", True),
+    "history": [("operator reads: API, CLI, scrape", READS, "ms (log)", True),
+                ("dashboard pages", DASHBOARD, "ms (log)", True),
                 ("retention rotation", ["retention rotation"], "ms", False),
                 ("enqueue and drain", ["enqueue 1/tx", "enqueue_many", "drain"], "jobs/s", True)],
     "scheduled": [("promotion", ["promotion, nothing draining", "promotion", "drain"], "jobs/s", False),
@@ -41,7 +45,8 @@ PANELS: Dict[str, List[Tuple[str, List[str], str, bool]]] = {
                  ("peak RSS", ["peak RSS supervisor", "peak RSS child (max)"], "MiB", False)],
     "supervisors": [("total drain rate", ["drain"], "jobs/s", False)],
 }
-GOALS = {("backlog", "pickup p99"): 5.0, ("history", "queue_stats"): 100.0}
+GOALS = {("backlog", "pickup p99"): 5.0, ("history", "queue_stats"): 100.0,
+         ("history", "dashboard overview"): 100.0}
 
 
 def load(path: str) -> Tuple[str, Dict[str, str], Dict[Tuple[float, str], List[float]]]:
