@@ -13,8 +13,8 @@ import time
 from typing import Any, List, Optional
 
 import scale_build as build
-from scale_fleet import (Fleet, backend_pids, cpu_seconds, done_count, drain_rate, peak_rss,
-                         probe_pickups, wait_for)
+from scale_fleet import (Fleet, background_pids, backend_pids, cpu_seconds, done_count, drain_rate,
+                         machine_times, peak_rss, probe_pickups, wait_for)
 from scale_history import history  # noqa: F401  (scale.py looks curves up here)
 
 Q = "scale"
@@ -69,24 +69,35 @@ def _drain_window(ctx: Any, conn: Any, fleet: Fleet, queues: List[str], target: 
 
 
 class _CpuMeter:
-    """CPU of the fleet's supervisors, children and PostgreSQL backends from
-    now until record(), per job completed meanwhile (less sensitive to a
-    shared machine's load than a rate)."""
+    """CPU of the fleet's supervisors, children and PostgreSQL backends, and
+    of the server's background processes (checkpointer, WAL writer,
+    autovacuum), from now until record(), per job completed meanwhile (less
+    sensitive to a shared machine's load than a rate); and the share of the
+    machine's time left idle or waiting for the disk."""
 
     def __init__(self, ctx: Any, conn: Any, fleet: Fleet, queues: Optional[List[str]] = None) -> None:
         self.ctx = ctx
+        self.conn = conn
         self.queues = queues or [Q]
         pids = fleet.pids()
         self.groups = {"supervisor": pids["supervisors"], "children": pids["children"],
                        "postgres": backend_pids(conn, ctx.dbname)}
-        self.start = {p: cpu_seconds(p) for group in self.groups.values() for p in group}
+        self.background = set(background_pids(conn))
+        self.start = {p: cpu_seconds(p) for p in set().union(self.background, *self.groups.values())}
+        self.machine = machine_times()
         self.done = done_count(conn, self.queues)
 
     def record(self, point: Any, rep: int, tag: str, done: int) -> None:
         jobs = max(done - self.done, 1)
+        # background processes that started meanwhile (autovacuum workers) count whole
+        self.groups["postgres background"] = sorted(self.background | set(background_pids(self.conn)))
         for label, group in self.groups.items():
-            used = sum(cpu_seconds(p) - self.start[p] for p in group)
+            used = sum(cpu_seconds(p) - self.start.get(p, 0.0) for p in group)
             self.ctx.record(point, f"CPU per job, {label}{tag}", 1e6 * used / jobs, rep, "us")
+        busy, idle, iowait = (b - a for a, b in zip(self.machine, machine_times()))
+        total = max(busy + idle + iowait, 1e-9)
+        self.ctx.record(point, f"machine idle{tag}", idle / total, rep, "share")
+        self.ctx.record(point, f"machine waiting for disk{tag}", iowait / total, rep, "share")
 
 
 def backlog(ctx: Any, depths: List[int]) -> None:

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import psycopg2
 
@@ -139,6 +139,23 @@ def backend_pids(conn: Any, dbname: str) -> List[int]:
         pids = [r[0] for r in cur.fetchall()]
     conn.commit()
     return pids
+
+
+def background_pids(conn: Any) -> List[int]:
+    """The server's own processes (checkpointer, WAL writer, autovacuum...)."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT pid FROM pg_stat_activity WHERE backend_type <> 'client backend'")
+        pids = [r[0] for r in cur.fetchall()]
+    conn.commit()
+    return pids
+
+
+def machine_times() -> Tuple[float, float, float]:
+    """(busy, idle, iowait) clock ticks of every CPU so far, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [float(x) for x in f.readline().split()[1:8]]
+    user, nice, system, idle, iowait, irq, softirq = fields
+    return user + nice + system + irq + softirq, idle, iowait
 
 
 def wait_for(predicate, timeout: float, what: str, fleet: Optional[Fleet] = None, every: float = 0.2) -> float:
