@@ -60,6 +60,9 @@ def test_closing_a_lab_removes_its_hosts_and_what_runs_in_them() -> None:
     try:
         host = lab.add_host("x")
         sleeper = subprocess.Popen(host.argv(["sleep", "300"]))
+        # `ip netns exec` enters the namespace, then runs the command: close
+        # only what is in it (a process still on its way in is not yet the lab's)
+        wait_until(lambda: sleeper.pid in host.pids(), 10, "the sleeper to enter its namespace")
     finally:
         lab.close()
     assert sleeper.wait(timeout=10) != 0
