@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from . import dispatcher, fetcher
 from .children import ChildHandle, Children
@@ -20,6 +20,7 @@ TARGET_BATCH_S = 0.004       # a child's batch of short jobs should take about t
 LEASE_COUNTER_BITS = 40       # leases: supervisor id above, claim counter below
 PREFETCH_BELOW_S = 0.05      # queue a child's next batch early only for jobs shorter than this
 EWMA_ALPHA = 0.2
+LOOK_FROM_START_EVERY_S = 0.5  # a backlog's claims use a cursor; one claim this often does not
 
 # The supervisor's "run fn(cursor), or log and return None" (Supervisor._db).
 Db = Callable[[str, Callable[[Any], Any]], Any]
@@ -56,6 +57,10 @@ class Claimer:
         self.shards: Dict[str, int] = {}
         self.stride = dispatcher.Stride()   # weighted turns across plans
         self.lane_cursor = random.randrange(1 << 16)
+        # Per (queue, lane) in a backlog: where the last claims ended, per
+        # priority level, and when a claim last looked from the start.
+        self.cursors: Dict[Tuple[str, int], fetcher.Cursor] = {}
+        self.looked_from_start: Dict[Tuple[str, int], float] = {}
         self.claims = 0          # claim statements sent (the lease counter)
         self.empty_claims = 0    # ... that found nothing
         self.claimed_jobs = 0
@@ -172,13 +177,9 @@ class Claimer:
     def _claim(self, name: str, want: int, now: float) -> Optional[List[ClaimedJob]]:
         """Claim up to `want` jobs of a queue (trying lanes of a sharded
         queue); None when the database connection was lost."""
-        queue = self.queues[name]
         rows: List[ClaimedJob] = []
         for _ in range(self.shards.get(name, 1)):
-            lane = self._lane(name)
-            got = self.db(f"claiming from {name}", lambda cur: fetcher.claim(
-                cur, queue=name, limit=want - len(rows), supervisor_id=self.supervisor_id,
-                aging_s=queue.aging, lane=lane, lease=self._next_lease()))
+            got = self._claim_lane(name, self._lane(name), want - len(rows), now)
             if got is None:
                 if not self.connected():
                     return None
@@ -192,8 +193,42 @@ class Claimer:
                 self.empty_claims += 1
             if len(rows) >= want:
                 return rows
-        if queue.rate is not None:
-            self.blocked_until[name] = now + min(1.0, max(0.01, 1.0 / queue.rate))
+        if self.queues[name].rate is not None:
+            self.blocked_until[name] = now + min(1.0, max(0.01, 1.0 / self.queues[name].rate))
         else:
             self.has_work[name] = False
         return rows
+
+    def _claim_lane(self, name: str, lane: int, want: int, now: float) -> Optional[List[ClaimedJob]]:
+        """Claim up to `want` jobs of one lane. While its claims come back
+        full (a backlog), each scans from past the last one's jobs (claimed
+        jobs stay in the claim index until VACUUM, and a scan from the start
+        steps over every one of them). Jobs that become available behind
+        the cursor (released, rescued, promoted, or enqueued with a past
+        run_at) are found by a claim from the start: one every
+        LOOK_FROM_START_EVERY_S, and one at once when a claim past the
+        cursor comes back short."""
+        key = (name, lane)
+        cursor = self.cursors.get(key)
+        if cursor is not None and now - self.looked_from_start.get(key, 0.0) >= LOOK_FROM_START_EVERY_S:
+            cursor = None
+        got = self._claim_statement(name, lane, want, cursor)
+        if got is not None and cursor is not None and len(got) < want:
+            more = self._claim_statement(name, lane, want - len(got), None)
+            got, cursor = got + (more or []), None
+        if got is None:
+            return None
+        if cursor is None:
+            self.looked_from_start[key] = now
+        if len(got) < want:
+            self.cursors.pop(key, None)   # no backlog: every claim looks from the start
+        else:
+            self.cursors[key] = fetcher.advance(cursor, got)
+        return got
+
+    def _claim_statement(self, name: str, lane: int, want: int,
+                         cursor: Optional[fetcher.Cursor]) -> Optional[List[ClaimedJob]]:
+        queue = self.queues[name]
+        return self.db(f"claiming from {name}", lambda cur: fetcher.claim(
+            cur, queue=name, limit=want, supervisor_id=self.supervisor_id, aging_s=queue.aging,
+            lane=lane, lease=self._next_lease(), after=cursor))

@@ -790,20 +790,24 @@ BEGIN
 END $$;
 
 -- Claim up to p_limit available jobs of one queue lane for a supervisor, in
--- (effective priority, run_at, id) order. p_lease, when given, is the new
--- lease of every claimed row: supervisors pass a value unique to their claim
--- (their id and a counter), so even a claim lost in a server crash cannot
--- have its lease handed out again; without it the lease is bumped by one.
--- Effective priority ages: a job waiting longer than p_aging_s counts one
--- level more urgent per interval, down to 1. Each priority level is read
--- from the claim index in run_at order, so aging needs no sort of the whole
--- backlog. Paused queues yield nothing; rate-limited queues take tokens from
--- the shared bucket first. The deadline is built from the job's own timeout,
--- else its task's (awa.task_defaults), and the timeout returned is read off
--- that deadline: the supervisor enforces the value the database backstops.
+-- (effective priority, run_at, id) order, from past the cursor when one is
+-- given (p_after_run_at and p_after_id: per priority level 1-4, the epoch
+-- run_at and id of the last job claimed at that level; NULL: from the
+-- start). p_lease, when given, is the new lease of every claimed row:
+-- supervisors pass a value unique to their claim (their id and a counter),
+-- so even a claim lost in a server crash cannot have its lease handed out
+-- again; without it the lease is bumped by one. Effective priority ages: a
+-- job waiting longer than p_aging_s counts one level more urgent per
+-- interval, down to 1. Each priority level is read from the claim index in
+-- run_at order, so aging needs no sort of the whole backlog. Paused queues
+-- yield nothing; rate-limited queues take tokens from the shared bucket
+-- first. The deadline is built from the job's own timeout, else its task's
+-- (awa.task_defaults), and the timeout returned is read off that deadline:
+-- the supervisor enforces the value the database backstops.
 CREATE FUNCTION awa.claim(
     p_queue text, p_limit integer, p_supervisor bigint,
-    p_aging_s double precision DEFAULT 60, p_lane smallint DEFAULT 0, p_lease bigint DEFAULT NULL)
+    p_aging_s double precision DEFAULT 60, p_lane smallint DEFAULT 0, p_lease bigint DEFAULT NULL,
+    p_after_run_at double precision[] DEFAULT NULL, p_after_id bigint[] DEFAULT NULL)
 RETURNS TABLE (
     id bigint, kind text, queue text, args text, priority smallint, attempt integer,
     max_attempts integer, lease bigint, timeout_s double precision, tags text[],
@@ -845,6 +849,10 @@ BEGIN
                           FROM awa.jobs_hot h
                          WHERE h.state = 'available' AND h.queue = p_queue
                            AND h.lane = p_lane AND h.priority = lvl.p
+                           -- past the caller's cursor at this level (none: from the start)
+                           AND (h.run_at, h.id) > (coalesce(to_timestamp(p_after_run_at[lvl.p]),
+                                                            TIMESTAMPTZ '-infinity'),
+                                                   coalesce(p_after_id[lvl.p], 0))
                          ORDER BY h.run_at, h.id
                          LIMIT v_want
                          FOR UPDATE SKIP LOCKED) c
@@ -2399,4 +2407,5 @@ INSERT INTO awa.schema_migrations (version, name) VALUES
     (16, 'task_timeouts'),
     (17, 'dashboard_indexes'),
     (18, 'fast_rescue'),
-    (19, 'history_rollups');
+    (19, 'history_rollups'),
+    (20, 'claim_cursor');

@@ -50,7 +50,7 @@ def test_current_sql_builds_the_schema_the_migrations_build(empty_dsn: str, othe
                                "sequences": 3, "types": 20, "functions": 45, "triggers": 5,
                                "views": 1, "schema": 1}.items():
         assert len(migrated[category]) >= at_least, f"only {len(migrated[category])} {category} read"
-    assert migrated["functions"]["awa.claim(text,integer,bigint,double precision,smallint,bigint)"]["settings"]
+    assert migrated["functions"]["awa.claim(text,integer,bigint,double precision,smallint,bigint,double precision[],bigint[])"]["settings"]
 
     problems = differences(migrated, current, "migrations", "current.sql")
     if problems:

@@ -20,8 +20,9 @@ LISTEN awa_jobs; LISTEN awa_cancel
 NOTIFY awa_jobs, ''
 
 -- name: claim
+-- after_run_at / after_id: the cursor, per priority level 1-4 (NULL: from the start).
 SELECT * FROM awa.claim(%(queue)s, %(limit)s, %(supervisor)s, %(aging)s, %(lane)s::smallint,
-                        %(lease)s::bigint)
+                        %(lease)s::bigint, %(after_run_at)s::double precision[], %(after_id)s::bigint[])
 
 -- name: complete_jobs
 SELECT awa.complete_jobs(%(ids)s::bigint[], %(leases)s::bigint[], %(wall)s::real[],

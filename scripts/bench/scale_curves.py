@@ -26,7 +26,7 @@ STRICT_Q = f"{Q},aging=0"
 DRAIN_WINDOW_S = 10.0        # a drain measurement stops after this long...
 DRAIN_CAP = 300_000          # ...or after this many jobs
 PROBES, PROBE_HZ = 100, 50.0  # pickup probes per measurement
-SMALL_BATCH = 8              # the backlog curve's second setting: max_batch_per_child
+SMALL_BATCH = int(__import__("os").environ.get("SMALL_BATCH", "8"))              # the backlog curve's second setting: max_batch_per_child
 
 
 def _enqueue_rates(ctx: Any, conn: Any, point: Any, rep: int) -> None:
