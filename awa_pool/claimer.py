@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 from . import dispatcher, fetcher
 from .children import ChildHandle, Children
@@ -20,6 +20,7 @@ TARGET_BATCH_S = 0.004       # a child's batch of short jobs should take about t
 LEASE_COUNTER_BITS = 40       # leases: supervisor id above, claim counter below
 PREFETCH_BELOW_S = 0.05      # queue a child's next batch early only for jobs shorter than this
 EWMA_ALPHA = 0.2
+TURN_JOB_FLOOR_S = 0.0001    # a job costs a turn at least this much of a child's time (its dispatch)
 LOOK_FROM_START_EVERY_S = 0.5  # a backlog's claims use a cursor; one claim this often does not
 
 # The supervisor's "run fn(cursor), or log and return None" (Supervisor._db).
@@ -51,11 +52,12 @@ class Claimer:
         self.held_back = held_back   # true while outcomes wait to be written: claim nothing
         self.supervisor_id = 0
         self.queues: Dict[str, QueueConfig] = {}
-        self.has_work: Dict[str, bool] = {}
         self.blocked_until: Dict[str, float] = {}
         self.job_seconds: Dict[str, float] = {}
+        self.any_job_seconds: Optional[float] = None   # over all queues: prices unmeasured ones
         self.shards: Dict[str, int] = {}
-        self.stride = dispatcher.Stride()   # weighted turns across plans
+        # weighted turns across plans, priced in child time; it also holds the work flags
+        self.stride = dispatcher.Stride(cost=self._turn_seconds)
         self.lane_cursor = random.randrange(1 << 16)
         # Per (queue, lane) in a backlog: where the last claims ended, per
         # priority level, and when a claim last looked from the start.
@@ -68,19 +70,48 @@ class Claimer:
     def start(self, queues: Dict[str, QueueConfig], supervisor_id: int) -> None:
         self.queues = queues
         self.supervisor_id = supervisor_id
-        self.wake()
+        self.stride.configure(queues)
+        self.look()
 
-    def wake(self, names: Optional[Set[str]] = None) -> None:
+    def wake(self, names: Optional[Iterable[str]] = None) -> None:
         """Mark queues as possibly having work (all of them by default)."""
-        for name in self.queues if names is None else names:
-            if name in self.queues:
-                self.has_work[name] = True
+        self.stride.want(self.queues if names is None else names)
+
+    def no_work(self, name: str) -> None:
+        """This queue has nothing to claim (it is paused, or a claim came back short)."""
+        self.stride.drop(name)
+
+    @property
+    def with_work(self) -> Set[str]:
+        """The queues marked as possibly having work."""
+        return self.stride.demand
+
+    def look(self) -> None:
+        """Mark the queues the database says have jobs available: one query
+        for all of them, where waking them all would cost a claim each that
+        finds nothing (the poll behind LISTEN; 1,000 empty queues cost an
+        idle supervisor a fifth of a core that way). All of them when the
+        query fails."""
+        names = self.db("looking for work", lambda cur: fetcher.queues_with_work(cur, list(self.queues)))
+        self.wake(names)
 
     def record_job_time(self, queue: str, seconds: float) -> None:
-        """Fold a job's wall time into the queue's moving average (it sizes batches)."""
+        """Fold a job's wall time into the queue's moving average (it sizes
+        batches and prices turns) and into the pool's."""
         previous = self.job_seconds.get(queue)
         self.job_seconds[queue] = seconds if previous is None else (
             previous + EWMA_ALPHA * (seconds - previous))
+        overall = self.any_job_seconds
+        self.any_job_seconds = seconds if overall is None else overall + EWMA_ALPHA * (seconds - overall)
+
+    def _turn_seconds(self, queue: str) -> float:
+        """What a child's turn at this queue costs in its weighted turns: the
+        child time of one batch (a queue not measured yet is priced at the
+        pool's average job time; its batch is one job)."""
+        seconds = self.job_seconds.get(queue, self.any_job_seconds)
+        if seconds is None:
+            seconds = TARGET_BATCH_S
+        return self._depth(queue) * max(seconds, TURN_JOB_FLOOR_S)
 
     def _depth(self, queue: str) -> int:
         """Jobs per child per claim: about TARGET_BATCH_S of work, and at
@@ -119,10 +150,8 @@ class Claimer:
             if not idle or not self.connected() or self.held_back():
                 break
             now = time.monotonic()
-            blocked = self._blocked(now)
-            demand = [name for name, flag in self.has_work.items() if flag]
-            plan = dispatcher.plan(len(idle), self.config.workers, self.queues,
-                                   self.children.busy_by_queue(), demand, blocked, self.stride)
+            plan = dispatcher.plan(len(idle), self.config.workers, self.queues, self.children.busy_by_queue(),
+                                   None, self._blocked(now), self.stride)
             if not plan:
                 break
             assigned = 0
@@ -143,11 +172,10 @@ class Claimer:
             return
         blocked = self._blocked(now)
         busy = self.children.busy_by_queue()
-        demand = {name for name, flag in self.has_work.items() if flag and name not in blocked}
-        share = self.stride.shares(self.config.workers, self.queues,
-                                   demand | {name for name, n in busy.items() if n})
+        share = self.stride.shares(self.config.workers, busy, blocked)
         for name, kids in wanting.items():
-            if name not in demand or self.job_seconds.get(name, 1.0) >= PREFETCH_BELOW_S:
+            if (name not in self.stride.demand or name in blocked
+                    or self.job_seconds.get(name, 1.0) >= PREFETCH_BELOW_S):
                 continue  # nothing to take, or jobs too long to queue ahead
             if busy.get(name, 0) > share.get(name, 0):
                 continue  # over its share: let these children free up for other queues
@@ -172,7 +200,10 @@ class Claimer:
         return given
 
     def _blocked(self, now: float) -> Set[str]:
-        return {name for name, until in self.blocked_until.items() if until > now}
+        """The queues backed off now (expired back-offs are forgotten)."""
+        if any(until <= now for until in self.blocked_until.values()):
+            self.blocked_until = {name: until for name, until in self.blocked_until.items() if until > now}
+        return set(self.blocked_until)
 
     def _claim(self, name: str, want: int, now: float) -> Optional[List[ClaimedJob]]:
         """Claim up to `want` jobs of a queue (trying lanes of a sharded
@@ -196,7 +227,7 @@ class Claimer:
         if self.queues[name].rate is not None:
             self.blocked_until[name] = now + min(1.0, max(0.01, 1.0 / self.queues[name].rate))
         else:
-            self.has_work[name] = False
+            self.stride.drop(name)
         return rows
 
     def _claim_lane(self, name: str, lane: int, want: int, now: float) -> Optional[List[ClaimedJob]]:

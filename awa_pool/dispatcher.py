@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
+import random
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
 
 from .config import QueueConfig
 
@@ -83,7 +84,7 @@ def _largest_remainder(shares: Mapping[str, float], total: int, caps: Mapping[st
 
 class Stride:
     """Weighted turns that last from one plan to the next (stride
-    scheduling): each queue has a pass that grows by 1/weight with every
+    scheduling): each queue has a pass that grows by cost/weight with every
     child it is handed; the next child goes to the queue with the lowest
     pass. A queue that was idle comes back at the current pass, not with
     credit saved up. This is what keeps weights when shares are smaller
@@ -91,104 +92,200 @@ class Stride:
     100 queues of weights 2 and 1 on 15 children, weight-2 queues got 95%
     of the starts instead of 67%, and most queues none).
 
-    It also keeps what a plan costs small with many queues (a supervisor
-    plans every time a child comes free): a heap of the queues with work
-    instead of a scan of all of them, and the last shares computed, reused
-    while the set of active queues stays the same."""
+    A turn costs one child unless `cost` says otherwise: the claimer prices
+    it in seconds of the child's time (its batch's jobs times their average
+    time), so a queue whose batches are short does not pay as much as one
+    whose batches are long (at 1,000 queues, each queue's first batch is
+    one job of unknown length and later ones two: at one child per turn,
+    weight-2 queues got 71% of the starts instead of 67%).
 
-    def __init__(self) -> None:
+    It also owns the set of queues with work (`want` and `drop`), kept with
+    their weights and in the heap of turns as they come and go, so what a
+    plan costs does not grow with the number of queues (a supervisor plans
+    every time a child comes free). The heap orders queues by pass plus a
+    part of one turn drawn at random per queue and supervisor: queues that
+    all come at once take turns spread out rather than a weight class at a
+    time, and supervisors serving the same queues do not take them in the
+    same order (the second kept finding queues the first had just emptied)."""
+
+    def __init__(self, cost: Optional[Callable[[str], float]] = None, seed: Optional[int] = None) -> None:
+        self.cost = cost
         self.passes: Dict[str, float] = {}
         self.clock = 0.0
-        self._heap: List[Tuple[float, float, str]] = []
-        self._queued: Set[str] = set()
-        self._shares_key: Optional[Tuple[int, FrozenSet[str]]] = None
-        self._shares: Any = {}
-        self.whole: List[str] = []   # the queues whose share is at least one child
-        self._capped_of: Optional[Mapping[str, QueueConfig]] = None
-        self.capped: Set[str] = set()   # the queues with a max
-        self._plain = False              # no queue has a min or a max
+        self.demand: Set[str] = set()    # queues believed to have work
+        self._heap: List[Tuple[float, float, float, str, float]] = []  # (key, -weight, rank, name, pass)
+        self._queued: Set[str] = set()   # names with an entry in the heap
+        self._aside: List[str] = []      # popped in a plan but not eligible in it
+        self._random = random.Random(seed)
+        self._rank: Dict[str, float] = {}
+        self._configs: Optional[Mapping[str, QueueConfig]] = None
         self._weights: Dict[str, float] = {}
         self._max_weight = 0.0
+        self.capped: Set[str] = set()    # the queues with a max
+        self._plain = False              # no queue has a min or a max
+        self._demand_weight = 0.0
+        self._by_weight: Dict[float, Set[str]] = {}   # the queues with work, by weight
+        self._shares_key: Optional[Tuple[int, FrozenSet[str]]] = None
+        self._shares: Any = {}
+        self.whole: List[str] = []       # the active queues whose share is at least one child
 
-    def shares(self, total: int, configs: Mapping[str, QueueConfig], active: Set[str]) -> Any:
-        """Each active queue's share (get(name, default) and [name]), the last
-        one reused while `total` and the active set stay the same."""
-        if configs is not self._capped_of:
-            self._capped_of = configs
-            self.capped = {name for name, config in configs.items() if config.max is not None}
-            self._plain = not self.capped and not any(config.min for config in configs.values())
-            self._weights = {name: config.weight for name, config in configs.items()}
-            self._max_weight = max(self._weights.values(), default=0.0)
-        key = (total, frozenset(active))
-        if key != self._shares_key:
-            self._shares_key = key
-            if self._plain and active:
-                # the usual case: the weights' proportions, worked out on demand
-                # (with many queues the active set changes at nearly every plan)
-                factor = total / sum(self._weights[name] for name in active)
-                self._shares = _Proportional(self._weights, active, factor)
-                self.whole = ([name for name in active if self._weights[name] * factor >= 1.0 - 1e-9]
-                              if self._max_weight * factor >= 1.0 - 1e-9 else [])
-            else:
-                self._shares = shares(total, configs, active)
-                self.whole = [name for name, value in self._shares.items() if value >= 1.0 - 1e-9]
-        return self._shares
+    def configure(self, configs: Mapping[str, QueueConfig]) -> None:
+        """The queues served (a new mapping starts the demand over)."""
+        if configs is self._configs:
+            return
+        self._configs = configs
+        self._weights = {name: float(config.weight) for name, config in configs.items()}
+        self._max_weight = max(self._weights.values(), default=0.0)
+        self.capped = {name for name, config in configs.items() if config.max is not None}
+        self._plain = not self.capped and not any(config.min for config in configs.values())
+        self._shares_key = None
+        wanted, self.demand, self._by_weight, self._demand_weight = self.demand, set(), {}, 0.0
+        self.want(wanted)
 
-    def pick(self, candidates: Set[str], configs: Mapping[str, QueueConfig]) -> Optional[str]:
-        """The candidate with the lowest pass (then the higher weight, then
-        the name); advances its pass."""
-        for name in candidates - self._queued:
-            heapq.heappush(self._heap, (max(self.passes.get(name, self.clock), self.clock),
-                                        -configs[name].weight, name))
-            self._queued.add(name)
+    def want(self, names: Iterable[str]) -> None:
+        """These queues may have work (unknown names are ignored)."""
+        for name in names:
+            weight = self._weights.get(name)
+            if weight is None or name in self.demand:
+                continue
+            self.demand.add(name)
+            self._demand_weight += weight
+            self._by_weight.setdefault(weight, set()).add(name)
+            # back at the current pass at least: no credit saved up while idle
+            if self.passes.get(name, self.clock) < self.clock:
+                self.passes[name] = self.clock
+            if name not in self._queued:
+                self._push(name)
+
+    def drop(self, name: str) -> None:
+        """This queue has no work (its heap entry goes when it comes up)."""
+        if name in self.demand:
+            self.demand.discard(name)
+            weight = self._weights[name]
+            self._by_weight[weight].discard(name)
+            self._demand_weight = self._demand_weight - weight if self.demand else 0.0
+
+    def set_demand(self, names: Iterable[str]) -> None:
+        wanted = set(names)
+        for name in self.demand - wanted:
+            self.drop(name)
+        self.want(wanted - self.demand)
+
+    def _push(self, name: str) -> None:
+        rank = self._rank.get(name)
+        if rank is None:
+            rank = self._rank[name] = self._random.random()
+        start = self.passes.setdefault(name, self.clock)
+        # the random part of a turn shifts when a queue's turns come, not how often
+        heapq.heappush(self._heap, (start + rank * self._turn(name), -self._weights[name], rank, name, start))
+        self._queued.add(name)
+
+    def pick(self, eligible: Callable[[str], bool]) -> Optional[str]:
+        """The eligible queue with work that comes first (see the class);
+        advances its pass by one turn. Queues not eligible now wait aside
+        until `restore`."""
         while self._heap:
-            _, _, name = heapq.heappop(self._heap)
+            _, _, _, name, start = heapq.heappop(self._heap)
             self._queued.discard(name)
-            if name in candidates:   # others come back when they have work again
-                self.clock = max(self.passes.get(name, self.clock), self.clock)
-                self.passes[name] = self.clock + 1.0 / configs[name].weight
-                return name
+            if name not in self.demand:   # no work: back in the heap when it has work again
+                continue
+            if start != self.passes[name]:  # moved up to the clock since: requeue at its pass
+                self._push(name)
+                continue
+            if not eligible(name):
+                self._aside.append(name)
+                continue
+            self.clock = max(start, self.clock)
+            self.passes[name] = start + self._turn(name)
+            self._push(name)
+            return name
         return None
+
+    def _turn(self, name: str) -> float:
+        return (self.cost(name) if self.cost else 1.0) / self._weights[name]
+
+    def restore(self) -> None:
+        """Queues set aside in a plan (blocked or at their max) come back at
+        the current pass at least, as if they had been idle."""
+        for name in self._aside:
+            if name in self.demand and name not in self._queued:
+                self.passes[name] = max(self.passes[name], self.clock)
+                self._push(name)
+        self._aside.clear()
+
+    def shares(self, total: int, busy: Mapping[str, int], skip: Set[str]) -> Any:
+        """Each active queue's share (get(name, default) and [name]): the
+        queues with work not skipped, and those holding children."""
+        def wanted(name: str) -> bool:
+            return name in self.demand and name not in skip
+
+        holding = [name for name, count in busy.items() if count > 0 and name in self._weights and not wanted(name)]
+        if not self._plain:
+            # a min or a max somewhere: water-filling over the active set, reused while it stays the same
+            active = (self.demand - skip).union(holding)
+            key = (total, frozenset(active))
+            if key != self._shares_key:
+                self._shares_key = key
+                assert self._configs is not None
+                self._shares = shares(total, self._configs, active) if active else {}
+                self.whole = [name for name, value in self._shares.items() if value >= 1.0 - 1e-9]
+            return self._shares
+        # the usual case: the weights' proportions, worked out from the demand's weight
+        # kept as queues come and go, without a pass over every queue
+        weight = (self._demand_weight - sum(self._weights[name] for name in skip if name in self.demand)
+                  + sum(self._weights[name] for name in holding))
+        self.whole = []
+        if weight <= 0:
+            return _Proportional(self._weights, lambda name: False, 0.0)
+        factor = total / weight
+        if self._max_weight * factor >= 1.0 - 1e-9:
+            for value, names in self._by_weight.items():
+                if value * factor >= 1.0 - 1e-9:
+                    self.whole.extend(name for name in names if name not in skip)
+            self.whole.extend(name for name in holding if self._weights[name] * factor >= 1.0 - 1e-9)
+        holds = set(holding)
+        return _Proportional(self._weights, lambda name: wanted(name) or name in holds, factor)
 
 
 class _Proportional:
     """Shares proportional to weight, worked out when asked for (get and [])."""
 
-    def __init__(self, weights: Mapping[str, float], active: Set[str], factor: float) -> None:
+    def __init__(self, weights: Mapping[str, float], active: Callable[[str], bool], factor: float) -> None:
         self.weights, self.active, self.factor = weights, active, factor
 
     def get(self, name: str, default: float = 0.0) -> float:
-        return self.weights[name] * self.factor if name in self.active else default
+        return self.weights[name] * self.factor if self.active(name) else default
 
     def __getitem__(self, name: str) -> float:
-        if name not in self.active:
+        if not self.active(name):
             raise KeyError(name)
         return self.weights[name] * self.factor
 
 
 def plan(idle: int, total: int, configs: Mapping[str, QueueConfig], busy: Mapping[str, int],
-         demand: Iterable[str], blocked: Optional[Iterable[str]] = None,
+         demand: Optional[Iterable[str]] = None, blocked: Optional[Iterable[str]] = None,
          stride: Optional[Stride] = None) -> Dict[str, int]:
     """How many idle children to hand to each queue with work right now.
 
     idle: children free now; total: pool size; busy: children per queue now;
-    demand: queues believed to have available jobs; blocked: queues to skip
-    this round (rate-limited, paused); stride: the caller's weighted turns
-    (kept across plans; a fresh one when omitted).
+    demand: queues believed to have available jobs (None: the stride's own,
+    kept with want/drop); blocked: queues to skip this round (rate-limited,
+    paused); stride: the caller's weighted turns (kept across plans; a fresh
+    one when omitted).
     """
-    skip = set(blocked or ())
-    wanting = [name for name in demand if name in configs and name not in skip]
-    if idle <= 0 or not wanting:
-        return {}
     turns = stride if stride is not None else Stride()
-    active = set(wanting).union(name for name, count in busy.items() if count > 0 and name in configs)
-    share = turns.shares(total, configs, active)
+    turns.configure(configs)
+    if demand is not None:
+        turns.set_demand(demand)
+    skip = set(blocked or ())
+    if idle <= 0 or len(turns.demand) <= len(skip & turns.demand):
+        return {}
+    share = turns.shares(total, busy, skip)
     grants: Dict[str, int] = {}
     free = idle
     # 1. raise queues below the whole part of their share, most starved first
-    wanted = set(wanting)
     gaps = {name: int(math.floor(share[name] + 1e-9)) - busy.get(name, 0)
-            for name in turns.whole if name in wanted}
+            for name in turns.whole if name in turns.demand and name not in skip}
     for name in sorted((n for n, gap in gaps.items() if gap > 0),
                        key=lambda n: (busy.get(n, 0) - share.get(n, 0.0), n)):
         if free <= 0:
@@ -197,15 +294,17 @@ def plan(idle: int, total: int, configs: Mapping[str, QueueConfig], busy: Mappin
         grants[name] = give
         free -= give
     # 2. the rest, a child at a time, in weighted turns among queues with work, within max
-    candidates = wanted - {name for name in turns.capped & wanted if _room(name, configs, busy, grants) <= 0}
-    while free > 0 and candidates:
-        name = turns.pick(candidates, configs)
+
+    def eligible(name: str) -> bool:
+        return name not in skip and (name not in turns.capped or _room(name, configs, busy, grants) > 0)
+
+    while free > 0:
+        name = turns.pick(eligible)
         if name is None:
             break
         grants[name] = grants.get(name, 0) + 1
         free -= 1
-        if _room(name, configs, busy, grants) <= 0:
-            candidates.discard(name)
+    turns.restore()
     return {name: count for name, count in grants.items() if count > 0}
 
 

@@ -31,6 +31,12 @@ def claim(cur: Any, *, queue: str, limit: int, supervisor_id: int, aging_s: floa
     return [ClaimedJob._make(row) for row in rows]
 
 
+def queues_with_work(cur: Any, queues: Sequence[str]) -> List[str]:
+    """Which of these queues have jobs available now and are not paused."""
+    cur.execute(QUERIES["queues_with_work"], {"queues": list(queues)})
+    return [row[0] for row in cur.fetchall()]
+
+
 def _check_columns(description: Sequence[Any]) -> None:
     """The claim's columns must be ClaimedJob's fields, by name and order
     (a few microseconds per claim, not per job)."""

@@ -335,7 +335,7 @@ class Supervisor:
     def _on_db_back(self, outage: float) -> None:
         self._watch_notifier()
         self._event("db_reconnected", {"outage_s": round(outage, 3)})
-        self.claimer.wake()
+        self.claimer.look()
         self._reconcile()
         self.next_heartbeat = time.monotonic()
 
@@ -385,7 +385,7 @@ class Supervisor:
         listen_ok = self.session.listen_ok
         interval = self.config.poll_interval if listen_ok else min(self.config.poll_interval, 0.2)
         self.next_poll = now + interval * random.uniform(0.9, 1.1)
-        self.claimer.wake()
+        self.claimer.look()
         if not listen_ok:
             self.cancels.sweep(now)
 
@@ -398,7 +398,7 @@ class Supervisor:
         self.claimer.shards.update(shards)
         for name, is_paused in paused.items():
             if is_paused:
-                self.claimer.has_work[name] = False
+                self.claimer.no_work(name)
 
     def _on_notify(self) -> None:
         if not self.session.notifier.connected:

@@ -24,6 +24,16 @@ NOTIFY awa_jobs, ''
 SELECT * FROM awa.claim(%(queue)s, %(limit)s, %(supervisor)s, %(aging)s, %(lane)s::smallint,
                         %(lease)s::bigint, %(after_run_at)s::double precision[], %(after_id)s::bigint[])
 
+-- name: queues_with_work
+-- The poll behind LISTEN: which of a supervisor's queues have jobs available
+-- (one probe of the claim index each, LIMIT 1 keeping it a probe however deep
+-- the queues), so that it claims from those only.
+SELECT q.name
+  FROM unnest(%(queues)s::text[]) AS q(name)
+ CROSS JOIN LATERAL (SELECT 1 FROM awa.jobs_hot h
+                      WHERE h.state = 'available' AND h.queue = q.name LIMIT 1) AS available
+ WHERE NOT EXISTS (SELECT 1 FROM awa.queues p WHERE p.name = q.name AND p.paused)
+
 -- name: complete_jobs
 SELECT awa.complete_jobs(%(ids)s::bigint[], %(leases)s::bigint[], %(wall)s::real[],
                          %(cpu)s::real[], %(rss)s::bigint[], %(extra)s::jsonb)
