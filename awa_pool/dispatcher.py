@@ -146,15 +146,16 @@ class Stride:
         """These queues may have work (unknown names are ignored)."""
         for name in names:
             weight = self._weights.get(name)
-            if weight is None or name in self.demand:
+            if weight is None:
                 continue
-            self.demand.add(name)
-            self._demand_weight += weight
-            self._by_weight.setdefault(weight, set()).add(name)
-            # back at the current pass at least: no credit saved up while idle
-            if self.passes.get(name, self.clock) < self.clock:
-                self.passes[name] = self.clock
-            if name not in self._queued:
+            if name not in self.demand:
+                self.demand.add(name)
+                self._demand_weight += weight
+                self._by_weight.setdefault(weight, set()).add(name)
+                # back at the current pass at least: no credit saved up while idle
+                if self.passes.get(name, self.clock) < self.clock:
+                    self.passes[name] = self.clock
+            if name not in self._queued:   # (a queue with work must always have its turn queued)
                 self._push(name)
 
     def drop(self, name: str) -> None:
@@ -298,13 +299,15 @@ def plan(idle: int, total: int, configs: Mapping[str, QueueConfig], busy: Mappin
     def eligible(name: str) -> bool:
         return name not in skip and (name not in turns.capped or _room(name, configs, busy, grants) > 0)
 
-    while free > 0:
-        name = turns.pick(eligible)
-        if name is None:
-            break
-        grants[name] = grants.get(name, 0) + 1
-        free -= 1
-    turns.restore()
+    try:
+        while free > 0:
+            name = turns.pick(eligible)
+            if name is None:
+                break
+            grants[name] = grants.get(name, 0) + 1
+            free -= 1
+    finally:
+        turns.restore()
     return {name: count for name, count in grants.items() if count > 0}
 
 

@@ -170,6 +170,29 @@ def test_a_plan_does_not_walk_the_queues_with_work() -> None:
     assert len(stride.demand) == 10_000 - len(without)
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_every_queue_with_work_keeps_its_turn_through_any_churn(seed) -> None:
+    """Queues gain and lose work, are blocked or at their max in some plans:
+    afterwards every queue with work still gets a turn within one round."""
+    import random
+
+    rng = random.Random(seed)
+    configs = {f"q{i:02d}": q(weight=rng.choice((1, 2, 3)), max=rng.choice((None, None, 1, 2)))
+               for i in range(40)}
+    stride = Stride(seed=seed)
+    stride.configure(configs)
+    for _ in range(300):
+        stride.want(rng.sample(sorted(configs), rng.randint(0, 5)))
+        for name in rng.sample(sorted(stride.demand), min(len(stride.demand), rng.randint(0, 3))):
+            stride.drop(name)
+        busy = {name: rng.randint(0, 2) for name in rng.sample(sorted(configs), 5)}
+        plan(rng.randint(1, 4), 8, configs, busy, blocked=set(rng.sample(sorted(configs), 3)), stride=stride)
+    waiting = set(stride.demand)
+    for _ in range(sum(configs[name].weight for name in waiting) + len(waiting)):
+        waiting -= plan(1, 8, configs, {}, stride=stride).keys()
+    assert not waiting, f"queues with work never given a turn: {sorted(waiting)}"
+
+
 def test_supervisors_take_tied_queues_in_their_own_orders() -> None:
     """Two supervisors serving the same queues (all with work, all at the
     same pass) take them in different orders, so the second does not keep
