@@ -2408,4 +2408,4 @@ INSERT INTO awa.schema_migrations (version, name) VALUES
     (17, 'dashboard_indexes'),
     (18, 'fast_rescue'),
     (19, 'history_rollups'),
-    (20, 'claim_cursor');
+    (21, 'claim_cursor');

@@ -1,4 +1,4 @@
-"""A backlog's claims scan from past the last claim (migration 0020).
+"""A backlog's claims scan from past the last claim (migration 0021).
 
 Claimed jobs stay in the claim index until VACUUM, so a claim that starts
 at the front of its queue steps over every job claimed since: its cost grew
