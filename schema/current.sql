@@ -201,11 +201,9 @@ CREATE INDEX jobs_done_queue ON awa.jobs_done (queue, state, finalized_at);
 CREATE INDEX jobs_done_dlq ON awa.jobs_done (queue, kind) WHERE dead_lettered;
 CREATE INDEX jobs_done_batch ON awa.jobs_done (batch_id) WHERE batch_id IS NOT NULL;
 CREATE INDEX jobs_done_callback ON awa.jobs_done (callback_id) WHERE callback_id IS NOT NULL;
--- The dashboard's kind pages (0017) and awa.kind_stats: the kind list, per-kind
--- counts and latest runs; the trouble index holds only failed, cancelled or retried rows.
+-- The dashboard's kinds page (0017) and awa.kind_stats: each kind's latest runs
+-- (their counts are in awa.done_kinds).
 CREATE INDEX jobs_done_kind ON awa.jobs_done (kind, finalized_at);
-CREATE INDEX jobs_done_trouble ON awa.jobs_done (kind, finalized_at)
-    WHERE state <> 'completed' OR attempt_log IS NOT NULL;
 
 -- The ring's position: one row, locked by the rotation that turns it.
 CREATE TABLE awa.done_ring (
@@ -218,12 +216,12 @@ INSERT INTO awa.done_ring DEFAULT VALUES;
 
 -- Running counts of terminal history, so that operator reads never count
 -- it row by row: terminal jobs per ring segment, queue and state
--- (queue_stats), and their attempts per segment, kind and the minute they
--- finished in (kind_stats). The triggers of section 4 keep them exact in
--- the writer's transaction; each session writes its own rows (slot = its
--- backend pid), so completion flushes never wait on each other; the
--- rotation forgets the truncated segment's rows and folds the others into
--- slot 0.
+-- (queue_stats), and those jobs and their attempts per segment, kind and
+-- the minute they finished in (kind_stats, the dashboard's kinds page).
+-- The triggers of section 4 keep them exact in the writer's transaction;
+-- each session writes its own rows (slot = its backend pid), so completion
+-- flushes never wait on each other; the rotation forgets the truncated
+-- segment's rows and folds the others into slot 0.
 CREATE TABLE awa.done_counts (
     segment   smallint      NOT NULL,
     slot      integer       NOT NULL,   -- the writing backend's pid; 0 = folded by the rotation
@@ -249,6 +247,7 @@ CREATE TABLE awa.done_kinds (
     failures  bigint        NOT NULL,
     crashes   bigint        NOT NULL,
     timeouts  bigint        NOT NULL,
+    finished  bigint        NOT NULL,   -- terminal jobs, run or not (the dashboard's kinds page)
     CONSTRAINT done_kinds_pkey PRIMARY KEY (segment, slot, kind, minute)
 ) WITH (
     fillfactor = 50,
@@ -256,6 +255,8 @@ CREATE TABLE awa.done_kinds (
     autovacuum_vacuum_threshold = 2000,
     autovacuum_vacuum_cost_delay = 0
 );
+-- The kinds page reads every kind's minutes of its window.
+CREATE INDEX done_kinds_minute ON awa.done_kinds (minute);
 
 -- 2.4 Every job wherever it is, read-only, for admin queries.
 CREATE VIEW awa.jobs AS
@@ -1244,8 +1245,9 @@ CREATE TRIGGER jobs_done_notify AFTER INSERT ON awa.jobs_done
 -- the counts. kind_stats' rules: a terminal job's own attempt counts when
 -- it was attempted and either has figures or failed; its outcome is its
 -- state, a failed job's the kind of its last error; every attempt_log entry
--- counts with its own outcome, in the minute its job finished. The insert
--- trigger runs the same statement, written out (a cached plan).
+-- counts with its own outcome, in the minute its job finished; each job
+-- counts once in `finished`. The insert trigger runs the same statement,
+-- written out (a cached plan).
 CREATE FUNCTION awa.done_counts_sql() RETURNS text
 LANGUAGE sql IMMUTABLE AS $sql$ SELECT $q$
     WITH own AS (
@@ -1283,18 +1285,18 @@ LANGUAGE sql IMMUTABLE AS $sql$ SELECT $q$
          GROUP BY segment, queue, state
         ON CONFLICT ON CONSTRAINT done_counts_pkey DO UPDATE SET jobs = t.jobs + excluded.jobs
     )
-    INSERT INTO awa.done_kinds AS t (segment, slot, kind, minute, runs, ok, failures, crashes, timeouts)
+    INSERT INTO awa.done_kinds AS t (segment, slot, kind, minute, runs, ok, failures, crashes, timeouts,
+                                     finished)
     SELECT segment, pg_backend_pid(), kind, minute, %2$s * sum(runs), %2$s * sum(ok), %2$s * sum(failures),
-           %2$s * sum(crashes), %2$s * sum(timeouts)
-      FROM (SELECT segment, kind, minute, runs, ok, failures, crashes, timeouts FROM own
+           %2$s * sum(crashes), %2$s * sum(timeouts), %2$s * sum(finished)
+      FROM (SELECT segment, kind, minute, runs, ok, failures, crashes, timeouts, jobs AS finished FROM own
             UNION ALL
-            SELECT segment, kind, minute, runs, ok, failures, crashes, timeouts FROM logged) x
+            SELECT segment, kind, minute, runs, ok, failures, crashes, timeouts, 0 FROM logged) x
      GROUP BY segment, kind, minute
-    HAVING sum(runs) > 0
     ON CONFLICT ON CONSTRAINT done_kinds_pkey DO UPDATE
        SET runs = t.runs + excluded.runs, ok = t.ok + excluded.ok,
            failures = t.failures + excluded.failures, crashes = t.crashes + excluded.crashes,
-           timeouts = t.timeouts + excluded.timeouts
+           timeouts = t.timeouts + excluded.timeouts, finished = t.finished + excluded.finished
 $q$ $sql$;
 
 -- The triggers' body. Inserts (every completion flush) run one cached
@@ -1341,18 +1343,18 @@ BEGIN
              GROUP BY segment, queue, state
             ON CONFLICT ON CONSTRAINT done_counts_pkey DO UPDATE SET jobs = t.jobs + excluded.jobs
         )
-        INSERT INTO awa.done_kinds AS t (segment, slot, kind, minute, runs, ok, failures, crashes, timeouts)
+        INSERT INTO awa.done_kinds AS t (segment, slot, kind, minute, runs, ok, failures, crashes, timeouts,
+                                         finished)
         SELECT segment, pg_backend_pid(), kind, minute, sum(runs), sum(ok), sum(failures),
-               sum(crashes), sum(timeouts)
-          FROM (SELECT segment, kind, minute, runs, ok, failures, crashes, timeouts FROM own
+               sum(crashes), sum(timeouts), sum(finished)
+          FROM (SELECT segment, kind, minute, runs, ok, failures, crashes, timeouts, jobs AS finished FROM own
                 UNION ALL
-                SELECT segment, kind, minute, runs, ok, failures, crashes, timeouts FROM logged) x
+                SELECT segment, kind, minute, runs, ok, failures, crashes, timeouts, 0 FROM logged) x
          GROUP BY segment, kind, minute
-        HAVING sum(runs) > 0
         ON CONFLICT ON CONSTRAINT done_kinds_pkey DO UPDATE
            SET runs = t.runs + excluded.runs, ok = t.ok + excluded.ok,
                failures = t.failures + excluded.failures, crashes = t.crashes + excluded.crashes,
-               timeouts = t.timeouts + excluded.timeouts;
+               timeouts = t.timeouts + excluded.timeouts, finished = t.finished + excluded.finished;
     ELSE
         EXECUTE format(awa.done_counts_sql(), 'old_rows', -1);
         IF TG_OP = 'UPDATE' THEN
@@ -1401,13 +1403,15 @@ BEGIN
     WITH gone AS (
         DELETE FROM awa.done_kinds k WHERE k.slot <> 0 RETURNING k.*
     )
-    INSERT INTO awa.done_kinds AS t (segment, slot, kind, minute, runs, ok, failures, crashes, timeouts)
-    SELECT segment, 0, kind, minute, sum(runs), sum(ok), sum(failures), sum(crashes), sum(timeouts)
+    INSERT INTO awa.done_kinds AS t (segment, slot, kind, minute, runs, ok, failures, crashes, timeouts,
+                                     finished)
+    SELECT segment, 0, kind, minute, sum(runs), sum(ok), sum(failures), sum(crashes), sum(timeouts),
+           sum(finished)
       FROM gone GROUP BY segment, kind, minute
     ON CONFLICT ON CONSTRAINT done_kinds_pkey DO UPDATE
        SET runs = t.runs + excluded.runs, ok = t.ok + excluded.ok,
            failures = t.failures + excluded.failures, crashes = t.crashes + excluded.crashes,
-           timeouts = t.timeouts + excluded.timeouts;
+           timeouts = t.timeouts + excluded.timeouts, finished = t.finished + excluded.finished;
 END $$;
 
 
@@ -2408,4 +2412,5 @@ INSERT INTO awa.schema_migrations (version, name) VALUES
     (17, 'dashboard_indexes'),
     (18, 'fast_rescue'),
     (19, 'history_rollups'),
+    (20, 'kind_finished_counts'),
     (21, 'claim_cursor');

@@ -232,21 +232,6 @@ def test_job_page_shows_progress_and_a_cancel_button_while_unfinished(dsn, clien
     assert "Cancel</button>" in html and 'data-confirm="Cancel job %d?"' % job_id in html
 
 
-def test_kind_trends_keep_closed_slices_and_read_only_new_ones(dsn):
-    from awa_pool.dashboard.kinds import KIND_BUCKETS, KindTrends
-
-    enqueue(dsn, *[awa_pool.Job("add", {"a": i, "b": i}) for i in range(4)])
-    drain(dsn)
-    trends = KindTrends()
-    with connection(dsn) as conn:
-        first = trends.read(conn, 86400.0)
-        assert trends.slices_read == KIND_BUCKETS            # the first view reads the window
-        again = trends.read(conn, 86400.0)
-        assert trends.slices_read <= 2                        # then only the open slice (and one closing)
-    assert [(t.kind, t.total("finished")) for t in again] == [(t.kind, t.total("finished")) for t in first] \
-        == [("add", 4)]
-
-
 def test_throughput_keeps_closed_minutes_and_reads_the_current_one(dsn):
     from awa_pool.dashboard.throughput import MINUTES, ThroughputMinutes
 

@@ -103,8 +103,7 @@ def test_overview_kinds_dlq_and_job_queries_never_scan_history_sequentially(big)
         width = window / kinds.KIND_BUCKETS
         since = (now // width - kinds.KIND_BUCKETS + 1) * width
         checks += [
-            ("dash_kinds", {"since": since}),
-            ("dash_kind_counts", {"kind": "render_tile", "since": since, "width_s": width}),
+            ("dash_kind_counts", {"since": since, "width_s": width}),
             ("dash_kind_samples", {"kind": "render_tile", "since": since, "width_s": width,
                                    "slices": kinds.KIND_BUCKETS, "sample": kinds.KIND_SAMPLE}),
         ]

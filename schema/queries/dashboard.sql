@@ -186,82 +186,31 @@ SELECT m.id, m.state::text AS state, m.kind
  ORDER BY m.id
  LIMIT %(limit)s
 
--- name: dash_kinds
--- Kinds with terminal history since `since` (epoch seconds): a skip scan of the
--- (kind, finalized_at) index, then one probe per kind.
-WITH RECURSIVE names AS (
-    (SELECT x.kind FROM awa.jobs_done x ORDER BY x.kind LIMIT 1)
-    UNION ALL
-    SELECT (SELECT x.kind FROM awa.jobs_done x WHERE x.kind > n.kind ORDER BY x.kind LIMIT 1)
-      FROM names n
-     WHERE n.kind IS NOT NULL
-)
-SELECT n.kind
-  FROM names n
- WHERE n.kind IS NOT NULL
-   AND (SELECT true FROM awa.jobs_done x
-         WHERE x.kind = n.kind
-           AND x.finalized_at >= to_timestamp(%(since)s::double precision)
-         LIMIT 1)
- ORDER BY n.kind
-
 -- name: dash_clock
 -- The database's clock (slices of time are judged on it, not the host's).
 SELECT extract(epoch FROM now())::double precision
 
 -- name: dash_kind_counts
--- One kind's exact counts per slice of time from `since` (epoch seconds) to
--- now, slices `width_s` long and aligned to the epoch (so a closed slice is
--- the same slice at every later view; kinds.py keeps those). One row per
--- slice that has any history:
---   finished   jobs that reached a terminal state (index-only on jobs_done_kind;
---              its cost grows with the rows the range holds)
---   the rest   from the few rows that failed, were cancelled or were retried
---              (jobs_done_trouble): their final outcome, and the earlier
---              attempts each one logged
-WITH p AS (
-    SELECT to_timestamp(%(since)s::double precision) AS since,
-           make_interval(secs => %(width_s)s::double precision) AS width
-),
-finished AS (
-    SELECT date_bin(p.width, x.finalized_at, TIMESTAMPTZ 'epoch') AS slot, count(*) AS finished
-      FROM awa.jobs_done x, p
-     WHERE x.kind = %(kind)s AND x.finalized_at >= p.since
-     GROUP BY 1
-),
-trouble AS (
-    SELECT date_bin(p.width, x.finalized_at, TIMESTAMPTZ 'epoch') AS slot,
-           count(*) FILTER (WHERE x.state = 'failed') AS failed_final,
-           count(*) FILTER (WHERE x.state = 'failed' AND x.errors -> -1 ->> 'kind' = 'crash') AS crash_final,
-           count(*) FILTER (WHERE x.state = 'failed' AND x.errors -> -1 ->> 'kind' = 'timeout') AS timeout_final,
-           coalesce(sum(a.earlier), 0) AS earlier,
-           coalesce(sum(a.failures), 0) AS earlier_failures,
-           coalesce(sum(a.crashes), 0) AS earlier_crashes,
-           coalesce(sum(a.timeouts), 0) AS earlier_timeouts
-      FROM p
-      JOIN awa.jobs_done x
-        ON x.kind = %(kind)s AND x.finalized_at >= p.since
-       AND (x.state <> 'completed' OR x.attempt_log IS NOT NULL)
-     CROSS JOIN LATERAL (
-        SELECT count(*) AS earlier,
-               count(*) FILTER (WHERE e ->> 'outcome' IN ('failed', 'fatal', 'retry', 'lost', 'deadline',
-                                                          'callback_timeout')) AS failures,
-               count(*) FILTER (WHERE e ->> 'outcome' = 'crash') AS crashes,
-               count(*) FILTER (WHERE e ->> 'outcome' = 'timeout') AS timeouts
-          FROM jsonb_array_elements(CASE WHEN jsonb_typeof(x.attempt_log) = 'array'
-                                         THEN x.attempt_log ELSE '[]'::jsonb END) AS e
-     ) a
-     GROUP BY 1
-)
-SELECT extract(epoch FROM coalesce(f.slot, t.slot))::double precision AS slot_start,
-       coalesce(f.finished, 0) AS finished,
-       coalesce(t.failed_final, 0) AS failed_final, coalesce(t.crash_final, 0) AS crash_final,
-       coalesce(t.timeout_final, 0) AS timeout_final, coalesce(t.earlier, 0) AS earlier,
-       coalesce(t.earlier_failures, 0) AS earlier_failures,
-       coalesce(t.earlier_crashes, 0) AS earlier_crashes,
-       coalesce(t.earlier_timeouts, 0) AS earlier_timeouts
-  FROM finished f
-  FULL JOIN trouble t ON t.slot = f.slot
+-- Every kind's exact counts per slice of time from `since` (epoch seconds)
+-- to now, slices `width_s` long (whole minutes) and aligned to the epoch,
+-- from the history's running counts (awa.done_kinds, kept by triggers; no
+-- history row is read): one row per kind and slice in which it finished
+-- jobs, ordered by kind. The rules are kind_stats' (`awa-pool kinds`):
+--   finished   jobs that reached a terminal state (run or not)
+--   attempts   their attempts with an outcome (kind_stats' runs), earlier
+--              attempts of a retried job counted in the slice it finished in
+--   failures, crashes, timeouts   among those attempts
+SELECT k.kind,
+       extract(epoch FROM date_bin(make_interval(secs => %(width_s)s::double precision), k.minute,
+                                   TIMESTAMPTZ 'epoch'))::double precision AS slot_start,
+       sum(k.finished)::bigint AS finished, sum(k.runs)::bigint AS attempts,
+       sum(k.failures)::bigint AS failures, sum(k.crashes)::bigint AS crashes,
+       sum(k.timeouts)::bigint AS timeouts
+  FROM awa.done_kinds k
+ WHERE k.minute >= to_timestamp(%(since)s::double precision)
+ GROUP BY 1, 2
+HAVING sum(k.finished) > 0
+ ORDER BY 1, 2
 
 -- name: dash_kind_samples
 -- The cost figures of one kind's latest `sample` final attempts in each of
