@@ -13,7 +13,6 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, List
 
-import psycopg2
 import pytest
 
 from awa_pool import Job, enqueue_many
@@ -27,12 +26,8 @@ Q = "cursor"
 
 @pytest.fixture
 def auto_conn(dsn: str):
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    try:
+    with connection(dsn, autocommit=True) as conn:
         yield conn
-    finally:
-        conn.close()
 
 
 def _supervisor(conn: Any) -> int:
@@ -51,6 +46,22 @@ def _claimer(conn: Any, supervisor_id: int) -> Claimer:
                       connected=lambda: True, on_claimed=lambda queue, rows: None)
     claimer.start({Q: QueueConfig(aging=0)}, supervisor_id)
     return claimer
+
+
+def _cursor_then_a_late_job(dsn: str, conn: Any, backlog: int) -> "tuple[Claimer, float, int]":
+    """A claimer with a cursor 10 jobs into a backlog, then a job that is
+    available at once with a run_at older than every job of the backlog."""
+    with connection(dsn) as producer:
+        enqueue_many(producer, [Job("noop", {"i": i}, queue=Q) for i in range(backlog)])
+        producer.commit()
+    claimer = _claimer(conn, _supervisor(conn))
+    now = time.monotonic()
+    assert len(claimer._claim(Q, 10, now)) == 10
+    with connection(dsn) as producer:
+        late = enqueue_many(producer, [Job("noop", {"late": True}, queue=Q,
+                                           run_at=datetime.now(timezone.utc) - timedelta(hours=1))])[0]
+        producer.commit()
+    return claimer, now, late
 
 
 def _index_pages_read(conn: Any, fn: Callable[[], Any]) -> int:
@@ -125,17 +136,7 @@ def test_claims_with_a_cursor_take_the_jobs_in_the_order_a_claim_from_the_start_
 
 def test_a_job_made_available_behind_the_cursor_is_claimed_by_the_next_look_from_the_start(
         dsn: str, auto_conn: Any) -> None:
-    with connection(dsn) as conn:
-        enqueue_many(conn, [Job("noop", {"i": i}, queue=Q) for i in range(200)])
-        conn.commit()
-    claimer = _claimer(auto_conn, _supervisor(auto_conn))
-    now = time.monotonic()
-    assert len(claimer._claim(Q, 10, now)) == 10
-    # available at once, with a run_at older than every job of the backlog
-    with connection(dsn) as conn:
-        late = enqueue_many(conn, [Job("noop", {"late": True}, queue=Q,
-                                       run_at=datetime.now(timezone.utc) - timedelta(hours=1))])[0]
-        conn.commit()
+    claimer, now, late = _cursor_then_a_late_job(dsn, auto_conn, backlog=200)
 
     assert late not in [job.id for job in claimer._claim(Q, 10, now + 0.01)]   # behind the cursor
     looked = claimer._claim(Q, 10, now + LOOK_FROM_START_EVERY_S)
@@ -144,16 +145,7 @@ def test_a_job_made_available_behind_the_cursor_is_claimed_by_the_next_look_from
 
 def test_a_claim_past_the_cursor_that_comes_back_short_looks_again_from_the_start(
         dsn: str, auto_conn: Any) -> None:
-    with connection(dsn) as conn:
-        enqueue_many(conn, [Job("noop", {"i": i}, queue=Q) for i in range(20)])
-        conn.commit()
-    claimer = _claimer(auto_conn, _supervisor(auto_conn))
-    now = time.monotonic()
-    assert len(claimer._claim(Q, 10, now)) == 10
-    with connection(dsn) as conn:
-        late = enqueue_many(conn, [Job("noop", {"late": True}, queue=Q,
-                                       run_at=datetime.now(timezone.utc) - timedelta(hours=1))])[0]
-        conn.commit()
+    claimer, now, late = _cursor_then_a_late_job(dsn, auto_conn, backlog=20)
 
     rest = claimer._claim(Q, 50, now + 0.01)
     assert len(rest) == 11 and late in [job.id for job in rest]
