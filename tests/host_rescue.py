@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from awa_pool import Job
+from awa_pool.db import LOCK_CLASS, LOCK_CLASS_LIVENESS, LOCK_LEADER
 
 from hostlab import Bench, Supervisor, cluster, wait_until
 
@@ -53,6 +54,18 @@ def _started(c, job_id: int, attempt: int) -> float:
     return 0.0
 
 
+# The leader's session ran a statement this long after the holder's LISTEN
+# session started (its liveness lock is taken there, at start): the leader
+# looks at the locks every 0.25 s, so it has seen this one held.
+_LEADER_HAS_LOOKED = f"""
+    SELECT (SELECT a.state_change FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+             WHERE l.locktype = 'advisory' AND l.granted AND l.classid = {LOCK_CLASS}
+               AND l.objid = {LOCK_LEADER} AND l.objsubid = 2)
+         > (SELECT a.backend_start FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+             WHERE l.locktype = 'advisory' AND l.granted AND l.classid = {LOCK_CLASS_LIVENESS}
+               AND l.objid = %s AND l.objsubid = 2) + interval '1 second'"""
+
+
 def fast_rescue(bench: Bench, work_dir: Path, *, kills: int = 20) -> FastRescue:
     with cluster(bench, work_dir / "fast-rescue") as c:
         leader = c.start(bench.lab.add_host("l"), queues=("lead",), workers=1)
@@ -68,6 +81,11 @@ def fast_rescue(bench: Bench, work_dir: Path, *, kills: int = 20) -> FastRescue:
             holder = wait_until(lambda: next((s for s in workers.values() if s.id == c.scalar(
                 "SELECT supervisor_id FROM awa.jobs WHERE id = %s AND state = 'running'", (job_id,))), None),
                 15, f"the supervisor running attempt {attempt}")
+            # a supervisor killed before the leader's first look at its lock is
+            # rescued by its heartbeat's staleness instead (under load, the
+            # restarted worker can be the holder before the leader has looked)
+            wait_until(lambda: c.scalar(_LEADER_HAS_LOOKED, (holder.id % 2147483648,)), 15,
+                       f"the leader to have seen the liveness lock of supervisor {holder.id}")
             killed_at = time.time()
             os.kill(holder.pid, signal.SIGKILL)
             started = wait_until(lambda: _started(c, job_id, attempt + 1), 30,
