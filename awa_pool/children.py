@@ -19,7 +19,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import multiprocess
 
-from .child import EXIT_HOOK_FAILED, child_main
+from .child import child_main
+from .child_handle import ChildHandle, describe_exit, grow_pipe
 from .inflight import Finished, InFlight
 from .protocol import (DONE, LOW, PROGRESS, READY, REQUEST, RUN, STOP, ClaimedJob, FrameReader, Outbox,
                        Outcome, StatusBlock, frames)
@@ -27,59 +28,10 @@ from .protocol import (DONE, LOW, PROGRESS, READY, REQUEST, RUN, STOP, ClaimedJo
 log = logging.getLogger(__name__)
 
 TAKE_BACK_AFTER_S = 0.1   # jobs queued behind one running longer than this are taken back
+RESEND_MAX_BYTES = 64 << 10  # a queued job this small is kept, so a more urgent one can overtake it
 OVERDUE_RETRY_S = 0.02    # an overdue check that could not act is retried this soon, not spun on
 
 _fork = multiprocess.get_context("fork")
-
-
-@dataclass
-class ChildHandle:
-    """One child, as Children tracks it. Others read these fields; only
-    Children writes them."""
-
-    slot: int
-    process: "multiprocess.Process"
-    pid: int
-    down_fd: int
-    up_fd: int
-    reader: FrameReader
-    outbox: Outbox
-    status: StatusBlock
-    recycle_after: Optional[int]
-    ready: bool = False
-    queue: Optional[str] = None
-    inflight: List[InFlight] = field(default_factory=list)
-    taken_back: Dict[Tuple[int, int], InFlight] = field(default_factory=dict)  # (id, lease): until reported
-    tasks_done: int = 0
-    rss: Optional[int] = None
-    stopping: bool = False
-    kill_reason: Optional[Tuple[str, str]] = None  # (outcome, error) for the running job
-    cancel_deadline: Optional[float] = None
-    next_position: int = 0         # stream position of the next job sent to it
-    refill_wanted: bool = False    # half its batch has started: queue the next one
-    shortest_timeout: Optional[float] = None  # of the jobs sent since it was last idle
-
-    @property
-    def tasks_left(self) -> int:
-        """Jobs this child may still take before it is recycled."""
-        if self.recycle_after is None:
-            return 1 << 30
-        return self.recycle_after - self.tasks_done - len(self.inflight)
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.inflight)
-
-    @property
-    def idle(self) -> bool:
-        return self.ready and not self.inflight and not self.stopping
-
-    def running_job(self) -> Tuple[int, float]:
-        """(job id, monotonic start) of the job running now, (0, _) if none."""
-        return self.status.running()
-
-    def holds(self, job_id: int) -> bool:
-        return any(job.id == job_id for job in self.inflight)
 
 
 @dataclass
@@ -114,42 +66,6 @@ class Reaped:
     cause: str
     expected: bool              # it exited after being asked to stop
     kill_reason: Optional[Tuple[str, str]]
-
-
-F_SETPIPE_SZ = 1031
-PIPE_BYTES = 1 << 20
-
-
-def _grow_pipe(fd: int) -> None:
-    """A next batch is written while the child still runs the current one:
-    a 1 MB pipe lets the write complete without waiting for the child."""
-    try:
-        import fcntl
-
-        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
-    except (ImportError, OSError):
-        pass  # not Linux, or over the system's limit: refills stay small
-
-
-def describe_exit(exitcode: Optional[int]) -> str:
-    """A child's death, in words (for job errors and logs)."""
-    if exitcode is None:
-        return "child process vanished"
-    if exitcode < 0:
-        signum = -exitcode
-        try:
-            name = signal.Signals(signum).name
-        except ValueError:
-            name = f"signal {signum}"
-        text = f"child process killed by {name} ({signum})"
-        if signum == signal.SIGKILL:
-            text += " (if no one sent it, the kernel's out-of-memory killer did)"
-        elif signum == signal.SIGSEGV:
-            text += " (segmentation fault in the handler or a C extension)"
-        return text
-    if exitcode == EXIT_HOOK_FAILED:
-        return "child process exited: an on_child_start hook failed"
-    return f"child process exited with code {exitcode}"
 
 
 class Children:
@@ -188,7 +104,7 @@ class Children:
             process.start()
         os.close(down_r)
         os.close(up_w)
-        _grow_pipe(down_w)
+        grow_pipe(down_w)
         os.set_blocking(down_w, False)
         os.set_blocking(up_r, False)
         recycle_after = None
@@ -239,12 +155,19 @@ class Children:
                 "rss": {str(c.pid): c.rss for c in children if c.rss}}
 
     # -- work ----------------------------------------------------------------
-    def assign(self, child: ChildHandle, queue: str, jobs: Sequence[ClaimedJob]) -> None:
-        """Send a batch of claimed jobs to a child (idle, or asking for a refill)."""
+    def assign(self, child: ChildHandle, queue: str, jobs: Sequence[ClaimedJob],
+               urgency: Optional[Callable[[ClaimedJob], int]] = None) -> None:
+        """Send a batch of claimed jobs to a child (idle, or asking for a
+        refill). With `urgency` (a job's effective priority: lower runs
+        first), a refill's jobs more urgent than some the child holds queued
+        overtake those (see _overtake)."""
+        if urgency is not None and len(child.inflight) > 1:
+            jobs = self._overtake(child, jobs, urgency)
         child.queue = queue
         start = child.next_position
         child.inflight.extend(InFlight(job.id, job.lease, job.kind, job.queue, job.timeout_s, start + i,
-                                       job.attempt) for i, job in enumerate(jobs))
+                                       job.attempt, job if job.payload_bytes <= RESEND_MAX_BYTES else None)
+                              for i, job in enumerate(jobs))
         child.next_position = start + len(jobs)
         child.refill_wanted = False
         shortest = min((job.timeout_s for job in jobs if job.timeout_s), default=None)
@@ -254,6 +177,31 @@ class Children:
             # It died since it reported idle; the reaper releases these jobs
             # (none of them started) when its sentinel fires.
             log.warning("child %d is gone; %d claimed job(s) go back to the queue", child.pid, len(jobs))
+
+    def _overtake(self, child: ChildHandle, jobs: Sequence[ClaimedJob],
+                  urgency: Callable[[ClaimedJob], int]) -> Sequence[ClaimedJob]:
+        """A refill arrives while the child still holds queued jobs (a batch
+        of up to max_batch_per_child short ones). If it brings a job more
+        urgent than one of those, take the queued ones back and return them
+        merged with the refill, most urgent first (the held ones first among
+        equals): the urgent job then waits only for the job running now, not
+        for the whole batch. The child skips the old copies and reports them
+        released; `overtaken` drops those reports. A held job too big to
+        have been kept (RESEND_MAX_BYTES) keeps the order as it is."""
+        queued = child.inflight[1:]  # the first may be running
+        if any(job.claimed is None for job in queued):
+            return jobs
+        if min(map(urgency, jobs), default=0) >= max(urgency(job.claimed) for job in queued):
+            return jobs
+        first = child.status.take_back(child.inflight[0].position, child.next_position, timeout=0.005)
+        if first is None:
+            return jobs
+        moved = [job for job in child.inflight if job.position >= first]
+        child.inflight = [job for job in child.inflight if job.position < first]
+        for job in moved:
+            key = (job.id, job.lease)
+            child.overtaken[key] = child.overtaken.get(key, 0) + 1
+        return sorted([job.claimed for job in moved] + list(jobs), key=urgency)
 
     def wanting_refill(self) -> Dict[str, List[ChildHandle]]:
         """Children half-way through a batch that may take a next one, by queue."""
@@ -295,9 +243,16 @@ class Children:
                 # child under a new lease before the child reports the old
                 # one released, and that report must not end the new attempt.
                 held = {(job.id, job.lease): job for job in child.inflight}
-                outcomes.extend(Finished(o, held.pop((o.job_id, o.lease), None)
-                                         or child.taken_back.pop((o.job_id, o.lease), None))
-                                for o in reported)
+                for o in reported:
+                    key = (o.job_id, o.lease)
+                    if o.outcome == "released" and key in child.overtaken:
+                        # a stale copy skipped: the job was sent again and the
+                        # copy reported after this one is the real attempt
+                        left = child.overtaken.pop(key) - 1
+                        if left:
+                            child.overtaken[key] = left
+                        continue
+                    outcomes.append(Finished(o, held.pop(key, None) or child.taken_back.pop(key, None)))
                 child.inflight = list(held.values())
                 if not child.inflight:
                     child.refill_wanted = False  # idle: the planner hands it out again

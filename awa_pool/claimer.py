@@ -192,12 +192,22 @@ class Claimer:
         if jobs is None:
             return None
         offset = given = 0
+        urgency = self._urgency(name)
         for child, take in zip(kids, spread(len(jobs), caps)):
             if take:
-                self.children.assign(child, name, jobs[offset:offset + take])
+                self.children.assign(child, name, jobs[offset:offset + take], urgency)
                 offset += take
                 given += 1
         return given
+
+    def _urgency(self, name: str) -> Callable[[ClaimedJob], int]:
+        """A job's effective priority now, as the claim ranks it (priority
+        aging included): children run the lower first (Children.assign)."""
+        aging = self.queues[name].aging
+        if not aging or aging <= 0:
+            return lambda job: job.priority
+        wall = time.time()
+        return lambda job: max(1, job.priority - int((wall - job.run_at) // aging))
 
     def _blocked(self, now: float) -> Set[str]:
         """The queues backed off now (expired back-offs are forgotten)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
-from .protocol import Outcome
+from .protocol import ClaimedJob, Outcome
 
 
 @dataclass
@@ -23,8 +23,11 @@ class InFlight:
     kind: str
     queue: str
     timeout_s: Optional[float]
-    position: int  # in the child's stream of jobs (see StatusBlock.skip)
+    position: int  # in the child's stream of jobs (see StatusBlock.take_back)
     attempt: int
+    # The job as sent, kept while it waits in the child so a more urgent job
+    # can overtake it (Children.assign sends it again); None for a big one.
+    claimed: Optional[ClaimedJob] = None
 
 
 class Finished(NamedTuple):

@@ -287,16 +287,25 @@ class StatusBlock:
     def take_back(self, first: int, end: int, timeout: float = 0.05) -> Optional[int]:
         """Take back the not-yet-started positions from `first` to `end`:
         returns the first position taken back (jobs from there on will be
-        skipped), or None if nothing could be (all started, or the lock is
-        unavailable: a child killed while holding it)."""
+        skipped: those of an earlier take-back the child has not reached
+        yet stay skipped), or None if nothing could be (all started, or the
+        lock is unavailable: a child killed while holding it)."""
         if not self.lock.acquire(timeout=timeout):
             return None
         try:
-            start = max(first, self._WORD.unpack_from(self.memory, 40)[0] + 1)
+            memory, word = self.memory, self._WORD
+            last_started = word.unpack_from(memory, 40)[0]
+            start = max(first, last_started + 1)
             if start >= end:
                 return None
-            self._WORD.pack_into(self.memory, 24, end)
-            self._WORD.pack_into(self.memory, 16, start)
+            skip_from, skip_to = word.unpack_from(memory, 16)[0], word.unpack_from(memory, 24)[0]
+            if skip_from < skip_to and last_started < skip_to:
+                # The child has not passed an earlier range yet: keep skipping
+                # it (every position between the two is unstarted too, since
+                # the child starts positions in order).
+                start = min(start, skip_from)
+            word.pack_into(memory, 24, end)
+            word.pack_into(memory, 16, start)
             return start
         finally:
             self.lock.release()

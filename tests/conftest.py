@@ -139,3 +139,28 @@ def pools(processes: Processes, dsn: str, tmp_path: Path) -> Pools:
     log_dir = tmp_path / "exec"
     log_dir.mkdir()
     return Pools(processes, dsn, log_dir)
+
+
+@pytest.fixture
+def loopless_supervisor(dsn: str):
+    """A supervisor's parts without its loop (session, completer; children
+    are spawned by the test) serving apps.gates. The test plays the loop, so
+    it decides when jobs go out and messages come in."""
+    from awa_pool.config import PoolConfig
+    from awa_pool.supervisor import Supervisor
+    from awa_pool.tasks import import_app
+
+    import_app("apps.gates")
+    sup = Supervisor(PoolConfig(dsn=dsn, workers=1, app="apps.gates", leader=False))
+    sup.queues = sup._served_queues()
+    sup._start_session()
+    sup.completer.start()
+    try:
+        yield sup
+    finally:
+        sup.completer.stop()
+        sup.children.kill_all()
+        for child in sup.children.all():
+            child.process.join(timeout=5)
+        sup.session.close()
+        sup.selector.close()

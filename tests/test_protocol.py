@@ -203,3 +203,16 @@ def test_a_batch_s_last_outcome_shares_a_write_with_the_next_batch_s_low():
         [(DONE, [1]), (LOW,)],              # batch 2 starts: job 1's outcome rides along
         [(DONE, [2])],                      # STOP: what waited goes out
     ]
+
+
+def test_a_second_take_back_keeps_the_first_range_the_child_has_not_reached():
+    """Jobs taken back and sent again (a more urgent job overtook them) sit
+    at new positions; a second take-back before the child reached the old
+    ones must not let the child start those old copies."""
+    status = StatusBlock()
+    assert status.start(1, 0, 0.0)             # position 0 runs
+    assert status.take_back(0, 5) == 1         # 1..4 taken back, sent again as 5..8
+    assert status.take_back(5, 9) == 1         # taking back 5..8: 1..4 stay skipped
+    assert not any(status.start(10 + p, p, 0.0) for p in range(1, 9))
+    assert status.start(9, 9, 0.0)
+    status.close()

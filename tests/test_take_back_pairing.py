@@ -5,33 +5,9 @@ found the consequence: the supervisor's reconcile released that job while its
 child ran it, so it ran twice with no fault to explain it."""
 from __future__ import annotations
 
-import pytest
-
 from awa_pool import Job, fetcher
-from awa_pool.config import PoolConfig
 from awa_pool.supervisor import Supervisor
-from awa_pool.tasks import import_app
 from helpers import enqueue_jobs, job_row, wait_for
-
-
-@pytest.fixture
-def supervisor(dsn):
-    """A supervisor's parts without its loop: session, completer, one child.
-    The test plays the loop, so it decides when jobs go out and messages come in."""
-    import_app("apps.gates")
-    sup = Supervisor(PoolConfig(dsn=dsn, workers=1, app="apps.gates", leader=False))
-    sup.queues = sup._served_queues()
-    sup._start_session()
-    sup.completer.start()
-    try:
-        yield sup
-    finally:
-        sup.completer.stop()
-        sup.children.kill_all()
-        for child in sup.children.all():
-            child.process.join(timeout=5)
-        sup.session.close()
-        sup.selector.close()
 
 
 def _claim(sup: Supervisor, limit: int):
@@ -40,8 +16,8 @@ def _claim(sup: Supervisor, limit: int):
         lease=sup.claimer._next_lease()))
 
 
-def test_a_late_release_of_an_old_lease_leaves_the_new_attempt_held(supervisor, dsn, tmp_path) -> None:
-    sup = supervisor
+def test_a_late_release_of_an_old_lease_leaves_the_new_attempt_held(loopless_supervisor, dsn, tmp_path) -> None:
+    sup = loopless_supervisor
     log = tmp_path / "starts.log"
     gate_a, gate_j = tmp_path / "open-a", tmp_path / "open-j"
     a_id, j_id = enqueue_jobs(dsn, [Job("gate", {"gate": str(gate_a), "log": str(log)}),

@@ -1,0 +1,116 @@
+"""An urgent job overtakes the jobs a child holds queued: a refill that
+brings a job more urgent than some a child has not started yet takes those
+back and sends them again behind it, so the urgent job waits only for the
+job running now. Every job still runs exactly once, under the lease it was
+claimed with, and a child killed mid-way loses none."""
+from __future__ import annotations
+
+import signal
+from datetime import datetime, timedelta, timezone
+
+from awa_pool import Job, fetcher
+from awa_pool.supervisor import Supervisor
+from helpers import enqueue_jobs, job_row, wait_for
+
+
+def _claim(sup: Supervisor, limit: int):
+    return sup.session.run(lambda cur: fetcher.claim(
+        cur, queue="gates", limit=limit, supervisor_id=sup.supervisor_id, aging_s=60.0,
+        lease=sup.claimer._next_lease()))
+
+
+class _Gates:
+    """Jobs of apps.gates whose starts land in one log, in order."""
+
+    def __init__(self, tmp_path) -> None:
+        self.log = tmp_path / "starts.log"
+        self.log.touch()
+        self.open = tmp_path / "open"
+        self.open.touch()
+        self.held = tmp_path / "held"   # job A's gate: closed until the test opens it
+
+    def job(self, held: bool = False, **fields) -> Job:
+        return Job("gate", {"gate": str(self.held if held else self.open), "log": str(self.log)}, **fields)
+
+    def starts(self):
+        return [tuple(map(int, line.split()[1:])) for line in self.log.read_text().splitlines()]
+
+
+def _ready_child(sup: Supervisor):
+    child = sup.children.spawn(0)
+
+    def pump():
+        sup._on_child_readable(child)  # what the loop does when the child's pipe is readable
+        return True
+
+    wait_for(lambda: pump() and child.ready, timeout=30, message="the child to say it is ready")
+    return child, pump
+
+
+def test_an_urgent_job_runs_next_and_every_job_once_with_its_lease(loopless_supervisor, dsn, tmp_path) -> None:
+    sup = loopless_supervisor
+    gates = _Gates(tmp_path)
+    long_ago = datetime.now(timezone.utc) - timedelta(minutes=2)
+    # A runs and holds the child; behind it wait `aged` (priority 2, but two
+    # minutes old: aging makes it as urgent as a new priority-1 job) and
+    # `fresh` (priority 2).
+    a_id, aged_id, fresh_id = enqueue_jobs(dsn, [
+        gates.job(held=True, priority=2, run_at=long_ago - timedelta(seconds=1)),
+        gates.job(priority=2, run_at=long_ago),
+        gates.job(priority=2)])
+    child, pump = _ready_child(sup)
+    first = _claim(sup, 3)
+    assert [job.id for job in first] == [a_id, aged_id, fresh_id]
+    leases = {job.id: job.lease for job in first}
+    sup.children.assign(child, "gates", first, sup.claimer._urgency("gates"))
+    wait_for(lambda: pump() and child.running_job()[0] == a_id, timeout=30, message="job A to start")
+
+    # A refill of equal urgency queues behind: nothing is taken back.
+    (same_id,) = enqueue_jobs(dsn, [gates.job(priority=2)])
+    same = _claim(sup, 1)
+    sup.children.assign(child, "gates", same, sup.claimer._urgency("gates"))
+    assert [job.id for job in child.inflight] == [a_id, aged_id, fresh_id, same_id]
+    assert child.overtaken == {}
+
+    # A priority-1 job overtakes what is less urgent, not what is as urgent.
+    (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
+    urgent = _claim(sup, 1)
+    leases.update({same_id: same[0].lease, urgent_id: urgent[0].lease})
+    sup.children.assign(child, "gates", urgent, sup.claimer._urgency("gates"))
+    assert [job.id for job in child.inflight] == [a_id, aged_id, urgent_id, fresh_id, same_id]
+    assert sorted(child.overtaken) == sorted((i, leases[i]) for i in (aged_id, fresh_id, same_id))
+    assert sup.children.inflight_leases() == leases
+
+    gates.held.touch()
+    wait_for(lambda: pump() and not child.inflight, timeout=30, message="every job to be reported")
+    assert sup.completer.drain(10), "the completer did not write its outcomes"
+    assert gates.starts() == [(i, leases[i]) for i in (a_id, aged_id, urgent_id, fresh_id, same_id)], \
+        "each job must start once, in urgency order, under the lease it was claimed with"
+    assert child.overtaken == {}, "a stale copy's release was not reported"
+    for job_id, lease in leases.items():
+        row = job_row(dsn, job_id)
+        assert (row["state"], row["attempt"], row["result"]) == ("completed", 1, {"lease": lease}), row
+
+
+def test_a_child_killed_after_an_overtake_loses_no_job(loopless_supervisor, dsn, tmp_path) -> None:
+    sup = loopless_supervisor
+    gates = _Gates(tmp_path)
+    a_id, b_id, c_id = enqueue_jobs(dsn, [gates.job(held=True, priority=3), gates.job(priority=3),
+                                          gates.job(priority=3)])
+    child, pump = _ready_child(sup)
+    sup.children.assign(child, "gates", _claim(sup, 3), sup.claimer._urgency("gates"))
+    wait_for(lambda: pump() and child.running_job()[0] == a_id, timeout=30, message="job A to start")
+    (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
+    sup.children.assign(child, "gates", _claim(sup, 1), sup.claimer._urgency("gates"))
+    assert [job.id for job in child.inflight] == [a_id, urgent_id, b_id, c_id]
+
+    child.process.kill()
+    child.process.join(timeout=10)
+    assert child.process.exitcode == -signal.SIGKILL
+    sup._on_child_exit(child)   # what the loop does when the child's sentinel fires
+    assert sup.completer.drain(10), "the completer did not write its outcomes"
+    assert gates.starts() == [(a_id, job_row(dsn, a_id)["lease"])], "only job A had started"
+    states = {job_id: job_row(dsn, job_id)["state"] for job_id in (urgent_id, b_id, c_id)}
+    assert states == {urgent_id: "available", b_id: "available", c_id: "available"}, \
+        f"the jobs the child held unstarted must go back to the queue: {states}"
+    assert job_row(dsn, a_id)["state"] in ("retryable", "available"), "the crashed job is retried"
