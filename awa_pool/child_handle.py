@@ -42,6 +42,7 @@ class ChildHandle:
     next_position: int = 0         # stream position of the next job sent to it
     refill_wanted: bool = False    # half its batch has started: queue the next one
     shortest_timeout: Optional[float] = None  # of the jobs sent since it was last idle
+    lowest_priority: int = 0       # the largest priority number sent since it was last idle
 
     @property
     def tasks_left(self) -> int:

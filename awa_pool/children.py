@@ -170,6 +170,7 @@ class Children:
                               for i, job in enumerate(jobs))
         child.next_position = start + len(jobs)
         child.refill_wanted = False
+        child.lowest_priority = max(child.lowest_priority, max(job.priority for job in jobs))
         shortest = min((job.timeout_s for job in jobs if job.timeout_s), default=None)
         if shortest is not None and (child.shortest_timeout is None or shortest < child.shortest_timeout):
             child.shortest_timeout = shortest
@@ -188,10 +189,13 @@ class Children:
         for the whole batch. The child skips the old copies and reports them
         released; `overtaken` drops those reports. A held job too big to
         have been kept (RESEND_MAX_BYTES) keeps the order as it is."""
-        queued = child.inflight[1:]  # the first may be running
-        if any(job.claimed is None for job in queued):
+        if not jobs:
             return jobs
-        if min(map(urgency, jobs), default=0) >= max(urgency(job.claimed) for job in queued):
+        head = urgency(jobs[0])  # a claim's jobs come most urgent first
+        if head >= child.lowest_priority:
+            return jobs  # nothing held can be less urgent (aging only makes jobs more urgent)
+        queued = child.inflight[1:]  # the first may be running
+        if any(job.claimed is None for job in queued) or head >= max(urgency(job.claimed) for job in queued):
             return jobs
         first = child.status.take_back(child.inflight[0].position, child.next_position, timeout=0.005)
         if first is None:
@@ -257,6 +261,7 @@ class Children:
                 if not child.inflight:
                     child.refill_wanted = False  # idle: the planner hands it out again
                     child.shortest_timeout = None
+                    child.lowest_priority = 0
                 child.tasks_done += sum(1 for o in reported if o.outcome != "released")
             elif tag == READY:
                 child.ready = True
