@@ -80,6 +80,7 @@ class Children:
         self.max_memory_per_child = max_memory_per_child
         self.inherited_fds = inherited_fds  # () -> (fds to close, db socket fds to neutralize)
         self.by_slot: Dict[int, ChildHandle] = {}
+        self.overtakes = 0   # refills whose urgent jobs overtook jobs a child held queued
 
     # -- lifecycle -----------------------------------------------------------
     def spawn(self, slot: int) -> ChildHandle:
@@ -200,6 +201,7 @@ class Children:
         first = child.status.take_back(child.inflight[0].position, child.next_position, timeout=0.005)
         if first is None:
             return jobs
+        self.overtakes += 1
         moved = [job for job in child.inflight if job.position >= first]
         child.inflight = [job for job in child.inflight if job.position < first]
         for job in moved:

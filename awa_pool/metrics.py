@@ -220,6 +220,8 @@ class _LiveCollector:
                                   value=sup.claimer.empty_claims)
         yield CounterMetricFamily("awa_completion_flushes", "Transactions that wrote job outcomes.",
                                   value=sup.completer.flushes)
+        yield CounterMetricFamily("awa_overtakes", "Refills whose more urgent jobs overtook jobs a child "
+                                  "held queued.", value=sup.children.overtakes)
         info = GaugeMetricFamily("awa_supervisor_info", "Always 1; labels describe this supervisor.",
                                  labels=["supervisor_id", "version", "state"])
         info.add_metric([str(sup.supervisor_id or ""), __version__, str(sup.state)], 1)

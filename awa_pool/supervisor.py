@@ -378,7 +378,8 @@ class Supervisor:
         return dict(
             self.children.summary(), state=self.state, leader=bool(self.leader and self.leader.is_leader),
             counters=dict(self.counters, claims=self.claimer.claims, empty_claims=self.claimer.empty_claims,
-                          claimed_jobs=self.claimer.claimed_jobs, completion_flushes=self.completer.flushes),
+                          claimed_jobs=self.claimer.claimed_jobs, completion_flushes=self.completer.flushes,
+                          overtakes=self.children.overtakes),
             listen=self.session.listen_ok)
 
     def _poll(self, now: float) -> None:

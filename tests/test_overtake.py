@@ -79,6 +79,7 @@ def test_an_urgent_job_runs_next_and_every_job_once_with_its_lease(loopless_supe
     sup.children.assign(child, "gates", urgent, sup.claimer._urgency("gates"))
     assert [job.id for job in child.inflight] == [a_id, aged_id, urgent_id, fresh_id, same_id]
     assert sorted(child.overtaken) == sorted((i, leases[i]) for i in (aged_id, fresh_id, same_id))
+    assert sup.stats()["counters"]["overtakes"] == 1
     assert sup.children.inflight_leases() == leases
 
     gates.held.touch()
