@@ -162,7 +162,7 @@ class Children:
         refill). With `urgency` (a job's effective priority: lower runs
         first), a refill's jobs more urgent than some the child holds queued
         overtake those (see _overtake)."""
-        if urgency is not None and len(child.inflight) > 1:
+        if urgency is not None:
             jobs = self._overtake(child, jobs, urgency)
         child.queue = queue
         start = child.next_position
@@ -190,13 +190,7 @@ class Children:
         for the whole batch. The child skips the old copies and reports them
         released; `overtaken` drops those reports. A held job too big to
         have been kept (RESEND_MAX_BYTES) keeps the order as it is."""
-        if not jobs:
-            return jobs
-        head = urgency(jobs[0])  # a claim's jobs come most urgent first
-        if head >= child.lowest_priority:
-            return jobs  # nothing held can be less urgent (aging only makes jobs more urgent)
-        queued = child.inflight[1:]  # the first may be running
-        if any(job.claimed is None for job in queued) or head >= max(urgency(job.claimed) for job in queued):
+        if not jobs or not self.holds_less_urgent(child, urgency(jobs[0]), urgency):  # most urgent first
             return jobs
         first = child.status.take_back(child.inflight[0].position, child.next_position, timeout=0.005)
         if first is None:
@@ -208,6 +202,22 @@ class Children:
             key = (job.id, job.lease)
             child.overtaken[key] = child.overtaken.get(key, 0) + 1
         return sorted([job.claimed for job in moved] + list(jobs), key=urgency)
+
+    @staticmethod
+    def holds_less_urgent(child: ChildHandle, than: int, urgency: Callable[[ClaimedJob], int]) -> bool:
+        """Does the child hold queued jobs, each kept for sending again, of
+        which one is less urgent than `than`?"""
+        if len(child.inflight) < 2 or than >= child.lowest_priority:
+            return False  # nothing queued, or nothing less urgent (aging only makes jobs more urgent)
+        queued = child.inflight[1:]  # the first may be running
+        return all(job.claimed is not None for job in queued) and than < max(
+            urgency(job.claimed) for job in queued)
+
+    def serving(self, queue: str) -> List[ChildHandle]:
+        """Children whose latest jobs are of this queue and that may take more."""
+        return [child for child in self.by_slot.values()
+                if child.inflight and child.inflight[-1].queue == queue and not child.stopping
+                and child.kill_reason is None and child.tasks_left > 0]
 
     def wanting_refill(self) -> Dict[str, List[ChildHandle]]:
         """Children half-way through a batch that may take a next one, by queue."""

@@ -22,6 +22,7 @@ PREFETCH_BELOW_S = 0.05      # queue a child's next batch early only for jobs sh
 EWMA_ALPHA = 0.2
 TURN_JOB_FLOOR_S = 0.0001    # a job costs a turn at least this much of a child's time (its dispatch)
 LOOK_FROM_START_EVERY_S = 0.5  # a backlog's claims use a cursor; one claim this often does not
+RUSH_EVERY_S = 0.005         # at most one early claim of urgent jobs per queue this often
 
 # The supervisor's "run fn(cursor), or log and return None" (Supervisor._db).
 Db = Callable[[str, Callable[[Any], Any]], Any]
@@ -63,6 +64,9 @@ class Claimer:
         # priority level, and when a claim last looked from the start.
         self.cursors: Dict[Tuple[str, int], fetcher.Cursor] = {}
         self.looked_from_start: Dict[Tuple[str, int], float] = {}
+        # Queues with new priority-1 jobs (awa_urgent) not yet claimed early.
+        self.rushing: Set[str] = set()
+        self.rushed_at: Dict[str, float] = {}
         self.claims = 0          # claim statements sent (the lease counter)
         self.empty_claims = 0    # ... that found nothing
         self.claimed_jobs = 0
@@ -76,6 +80,12 @@ class Claimer:
     def wake(self, names: Optional[Iterable[str]] = None) -> None:
         """Mark queues as possibly having work (all of them by default)."""
         self.stride.want(self.queues if names is None else names)
+
+    def rush(self, names: Iterable[str]) -> None:
+        """These queues got priority-1 jobs: claim them at once for children
+        that hold less urgent jobs of the queue queued, which they overtake
+        (instead of at those children's next refill, up to a batch later)."""
+        self.rushing.update(name for name in names if name in self.queues)
 
     def no_work(self, name: str) -> None:
         """This queue has nothing to claim (it is paused, or a claim came back short)."""
@@ -164,7 +174,29 @@ class Claimer:
             if assigned == len(idle):
                 break
         if self.connected() and not self.held_back():
+            if self.rushing:
+                self._rush(time.monotonic())
             self._refill(time.monotonic())
+
+    def _rush(self, now: float) -> None:
+        """Claim one job for each child holding queued jobs less urgent than
+        a new priority-1 job of its queue; the claim takes the most urgent
+        first, and assign() lets it overtake. At most one such claim per
+        queue every RUSH_EVERY_S: one that arrives sooner is claimed by the
+        next refill, as without this."""
+        rushing, self.rushing = self.rushing, set()
+        blocked = self._blocked(now)
+        for name in rushing:
+            if name in blocked or now - self.rushed_at.get(name, -RUSH_EVERY_S) < RUSH_EVERY_S:
+                continue
+            urgency = self._urgency(name)
+            kids = [child for child in self.children.serving(name)
+                    if self.children.holds_less_urgent(child, 1, urgency)]
+            if not kids:
+                continue  # idle children take it through the plan; busy ones hold only as urgent jobs
+            self.rushed_at[name] = now
+            if self._fill(name, kids, now, depth=1) is None:
+                return
 
     def _refill(self, now: float) -> None:
         wanting = self.children.wanting_refill()
@@ -182,10 +214,12 @@ class Claimer:
             if self._fill(name, kids, now) is None:
                 return
 
-    def _fill(self, name: str, kids: List[ChildHandle], now: float) -> Optional[int]:
-        """Claim one batch for each of these children in one round trip and
-        send it; returns how many got work (None: the database was lost)."""
-        depth = self._depth(name)
+    def _fill(self, name: str, kids: List[ChildHandle], now: float,
+              depth: Optional[int] = None) -> Optional[int]:
+        """Claim one batch (of `depth` jobs, by default the queue's) for each
+        of these children in one round trip and send it; returns how many
+        got work (None: the database was lost)."""
+        depth = depth or self._depth(name)
         # a child due for recycling takes no more jobs than it has left
         caps = [max(1, min(depth, child.tasks_left)) for child in kids]
         jobs = self._claim(name, sum(caps), now)

@@ -1,5 +1,6 @@
-"""The LISTEN connection: wake-ups for queues with new jobs, and cancel
-requests for running jobs. Its fileno() goes into the supervisor's selector.
+"""The LISTEN connection: wake-ups for queues with new jobs (and with new
+priority-1 jobs), and cancel requests for running jobs. Its fileno() goes
+into the supervisor's selector.
 """
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import logging
 import selectors
 import time
-from typing import Any, Callable, List, Optional, Set, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Set, Tuple
 
 import psycopg2
 import psycopg2.extensions
@@ -18,8 +19,17 @@ from .sql import QUERIES
 log = logging.getLogger(__name__)
 
 JOBS_CHANNEL = "awa_jobs"
+URGENT_CHANNEL = "awa_urgent"
 CANCEL_CHANNEL = "awa_cancel"
 PROBE_TIMEOUT_S = 2.0
+
+
+class Notes(NamedTuple):
+    """What one drain of the LISTEN session brought."""
+
+    queues: Set[str]                           # queues with new jobs
+    urgent: Set[str]                           # ... among them, new priority-1 jobs
+    cancels: List[Tuple[int, Optional[int]]]   # (job id, lease) whose cancel was requested
 
 
 class Notifier:
@@ -51,18 +61,19 @@ class Notifier:
         assert self.conn is not None
         return self.conn.fileno()
 
-    def drain(self) -> Tuple[Set[str], List[Tuple[int, Optional[int]]]]:
-        """(queues with new jobs, [(job id, lease)] whose cancel was requested).
-
-        Raises psycopg2 errors when the connection is gone.
-        """
+    def drain(self) -> Notes:
+        """What arrived since the last drain. Raises psycopg2 errors when the
+        connection is gone."""
         assert self.conn is not None
         self.conn.poll()
-        queues: Set[str] = set()
-        cancels: List[Tuple[int, Optional[int]]] = []
+        notes = Notes(set(), set(), [])
+        queues, cancels = notes.queues, notes.cancels
         for note in self.conn.notifies:
             if note.channel == JOBS_CHANNEL:
                 queues.add(note.payload)
+            elif note.channel == URGENT_CHANNEL:
+                queues.add(note.payload)
+                notes.urgent.add(note.payload)
             elif note.channel == CANCEL_CHANNEL:
                 try:
                     data = json.loads(note.payload)
@@ -70,7 +81,7 @@ class Notifier:
                 except (ValueError, KeyError, TypeError):
                     log.warning("ignoring a malformed cancel notification %r", note.payload)
         self.conn.notifies.clear()
-        return queues, cancels
+        return notes
 
     def probe(self, conn: Any, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
         """Does LISTEN work? It needs a session: behind a transaction-mode

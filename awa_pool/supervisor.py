@@ -407,13 +407,14 @@ class Supervisor:
             # closed the LISTEN session: this readiness is stale.
             return
         try:
-            queues, cancels = self.session.notifier.drain()
+            notes = self.session.notifier.drain()
         except psycopg2.Error as exc:
             self.session.lost(exc)
             return
-        self.claimer.wake(queues)
-        if cancels:
-            self.cancels.on_notified(cancels, time.monotonic())
+        self.claimer.wake(notes.queues)
+        self.claimer.rush(notes.urgent)
+        if notes.cancels:
+            self.cancels.on_notified(notes.cancels, time.monotonic())
 
     # -- signals and shutdown ------------------------------------------------------
     def _handle_signals(self) -> None:

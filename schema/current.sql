@@ -393,6 +393,20 @@ CREATE INDEX callbacks_retired_at ON awa.callbacks_retired (retired_at);
 -- insert_uniform_jobs, put_job, settle_jobs, promote_due). A NOTIFY is
 -- delivered at commit, so a rolled-back enqueue wakes nobody.
 --
+-- A priority-1 job also wakes them on awa_urgent (payload: its queue), by a
+-- trigger, so that a supervisor whose children hold less urgent jobs queued
+-- claims it at once and lets it overtake them (migration 0022).
+CREATE FUNCTION awa.notify_urgent() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('awa_urgent', NEW.queue);
+    RETURN NULL;
+END $$;
+
+CREATE TRIGGER jobs_hot_urgent AFTER INSERT ON awa.jobs_hot
+    FOR EACH ROW WHEN (NEW.priority = 1 AND NEW.state = 'available')
+    EXECUTE FUNCTION awa.notify_urgent();
+
 -- The entry points a producer role may call (section 8) run as their owner
 -- (SECURITY DEFINER) with search_path pinned to pg_catalog, pg_temp: every
 -- name they use is schema-qualified and nothing can shadow a built-in.
@@ -2413,4 +2427,5 @@ INSERT INTO awa.schema_migrations (version, name) VALUES
     (18, 'fast_rescue'),
     (19, 'history_rollups'),
     (20, 'kind_finished_counts'),
-    (21, 'claim_cursor');
+    (21, 'claim_cursor'),
+    (22, 'urgent_wakeup');

@@ -115,3 +115,68 @@ def test_a_child_killed_after_an_overtake_loses_no_job(loopless_supervisor, dsn,
     assert states == {urgent_id: "available", b_id: "available", c_id: "available"}, \
         f"the jobs the child held unstarted must go back to the queue: {states}"
     assert job_row(dsn, a_id)["state"] in ("retryable", "available"), "the crashed job is retried"
+
+
+def _notes(conn):
+    """The notifications on awa_urgent this LISTEN session got so far."""
+    conn.poll()
+    got = [n.payload for n in conn.notifies if n.channel == "awa_urgent"]
+    conn.notifies.clear()
+    return got
+
+
+def test_priority_1_jobs_becoming_available_notify_awa_urgent(dsn, auto) -> None:
+    """Enqueued or promoted priority-1 jobs wake supervisors on awa_urgent
+    (one notification per queue and transaction); other priorities and
+    jobs scheduled for later do not."""
+    with auto.cursor() as cur:
+        cur.execute("LISTEN awa_urgent")
+    enqueue_jobs(dsn, [Job("noop", {}, queue="q1", priority=2), Job("noop", {}, queue="q1", priority=4)])
+    assert _notes(auto) == []
+    enqueue_jobs(dsn, [Job("noop", {"i": i}, queue="q1", priority=1) for i in range(50)]
+                 + [Job("noop", {}, queue="q2", priority=1)])
+    assert sorted(_notes(auto)) == ["q1", "q2"]
+    (later,) = enqueue_jobs(dsn, [Job("noop", {}, queue="q3", priority=1,
+                                      run_at=datetime.now(timezone.utc) + timedelta(hours=1))])
+    assert _notes(auto) == [], "a job scheduled for later is not available yet"
+    with auto.cursor() as cur:
+        cur.execute("UPDATE awa.jobs_deferred SET run_at = now() - interval '1 second' WHERE id = %s", (later,))
+        cur.execute("SELECT awa.promote_due()")
+    wait_for(lambda: _notes(auto) == ["q3"], timeout=10, message="the promoted job's notification")
+
+
+def test_a_new_priority_1_job_is_claimed_at_once_and_runs_next(loopless_supervisor, dsn, tmp_path) -> None:
+    """The supervisor claims a new priority-1 job when its notification
+    arrives, not at the child's next refill, and it overtakes the queued
+    jobs; a new priority-2 job wakes no such early claim."""
+    sup = loopless_supervisor
+    gates = _Gates(tmp_path)
+    a_id, b_id, c_id = enqueue_jobs(dsn, [gates.job(held=True, priority=2), gates.job(priority=2),
+                                          gates.job(priority=2)])
+    child, pump = _ready_child(sup)
+    sup.children.assign(child, "gates", _claim(sup, 3), sup.claimer._urgency("gates"))
+    wait_for(lambda: pump() and child.running_job()[0] == a_id, timeout=30, message="job A to start")
+
+    def notified() -> bool:
+        sup._on_notify()   # what the loop does when the LISTEN session is readable
+        return bool(sup.claimer.with_work)
+
+    sup.claimer.no_work("gates")
+    (d_id,) = enqueue_jobs(dsn, [gates.job(priority=2)])
+    wait_for(notified, timeout=10, message="the notification of the priority-2 job")
+    assert sup.claimer.rushing == set(), "a priority-2 job is no reason to claim early"
+
+    (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
+    wait_for(lambda: notified() and sup.claimer.rushing, timeout=10,
+             message="the notification of the priority-1 job on awa_urgent")
+    claims = sup.claimer.claims
+    sup.claimer.hand_out()   # the loop's dispatch; no child has asked for a refill
+    assert sup.claimer.claims == claims + 1
+    assert [job.id for job in child.inflight] == [a_id, urgent_id, b_id, c_id]
+    assert sup.children.overtakes == 1
+
+    gates.held.touch()
+    wait_for(lambda: pump() and not child.inflight, timeout=30, message="every job to be reported")
+    assert [job_id for job_id, _ in gates.starts()] == [a_id, urgent_id, b_id, c_id]
+    assert sup.completer.drain(10), "the completer did not write its outcomes"
+    assert job_row(dsn, d_id)["state"] == "available", "D was never claimed"

@@ -13,7 +13,7 @@
 SET synchronous_commit = off
 
 -- name: listen
-LISTEN awa_jobs; LISTEN awa_cancel
+LISTEN awa_jobs; LISTEN awa_urgent; LISTEN awa_cancel
 
 -- name: probe_notify
 -- An empty payload on the jobs channel: proves LISTEN works on this path.
