@@ -117,12 +117,28 @@ def test_a_child_killed_after_an_overtake_loses_no_job(loopless_supervisor, dsn,
     assert job_row(dsn, a_id)["state"] in ("retryable", "available"), "the crashed job is retried"
 
 
-def _notes(conn):
-    """The notifications on awa_urgent this LISTEN session got so far."""
-    conn.poll()
-    got = [n.payload for n in conn.notifies if n.channel == "awa_urgent"]
-    conn.notifies.clear()
-    return got
+def _urgent_notes(listener, dsn):
+    """The awa_urgent notifications committed so far: a marker sent after
+    them on another session arrives after all of them."""
+    import psycopg2
+
+    sender = psycopg2.connect(dsn)
+    try:
+        with sender.cursor() as cur:
+            cur.execute("NOTIFY awa_urgent, 'marker'")
+        sender.commit()
+    finally:
+        sender.close()
+    got = []
+
+    def marker_arrived() -> bool:
+        listener.poll()
+        got.extend(n.payload for n in listener.notifies if n.channel == "awa_urgent")
+        listener.notifies.clear()
+        return "marker" in got
+
+    wait_for(marker_arrived, timeout=10, message="the marker notification")
+    return [payload for payload in got if payload != "marker"]
 
 
 def test_priority_1_jobs_becoming_available_notify_awa_urgent(dsn, auto) -> None:
@@ -132,17 +148,17 @@ def test_priority_1_jobs_becoming_available_notify_awa_urgent(dsn, auto) -> None
     with auto.cursor() as cur:
         cur.execute("LISTEN awa_urgent")
     enqueue_jobs(dsn, [Job("noop", {}, queue="q1", priority=2), Job("noop", {}, queue="q1", priority=4)])
-    assert _notes(auto) == []
+    assert _urgent_notes(auto, dsn) == []
     enqueue_jobs(dsn, [Job("noop", {"i": i}, queue="q1", priority=1) for i in range(50)]
                  + [Job("noop", {}, queue="q2", priority=1)])
-    assert sorted(_notes(auto)) == ["q1", "q2"]
+    assert sorted(_urgent_notes(auto, dsn)) == ["q1", "q2"]
     (later,) = enqueue_jobs(dsn, [Job("noop", {}, queue="q3", priority=1,
                                       run_at=datetime.now(timezone.utc) + timedelta(hours=1))])
-    assert _notes(auto) == [], "a job scheduled for later is not available yet"
+    assert _urgent_notes(auto, dsn) == [], "a job scheduled for later is not available yet"
     with auto.cursor() as cur:
         cur.execute("UPDATE awa.jobs_deferred SET run_at = now() - interval '1 second' WHERE id = %s", (later,))
         cur.execute("SELECT awa.promote_due()")
-    wait_for(lambda: _notes(auto) == ["q3"], timeout=10, message="the promoted job's notification")
+    assert _urgent_notes(auto, dsn) == ["q3"], "the promoted job wakes supervisors too"
 
 
 def test_a_new_priority_1_job_is_claimed_at_once_and_runs_next(loopless_supervisor, dsn, tmp_path) -> None:
