@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import psycopg2
 import psycopg2.extensions
-from tenacity import (RetryError, Retrying, retry_if_exception_type, stop_after_delay,
+from tenacity import (RetryError, Retrying, retry_if_exception, stop_after_delay,
                       wait_exponential, wait_random)
 
 from .errors import ConfigError, DatabaseUnavailable
@@ -115,7 +115,8 @@ def connect(url: str, *, autocommit: bool = False, retry_for: float = 0.0,
     waiting = _WaitingLog(url, retry_for)
     try:
         for attempt in Retrying(
-            retry=retry_if_exception_type(psycopg2.OperationalError),
+            retry=retry_if_exception(lambda exc: isinstance(exc, psycopg2.OperationalError)
+                                     and not is_bad_option(exc)),
             stop=stop_after_delay(retry_for),
             wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
             before_sleep=waiting.failed,
@@ -124,6 +125,8 @@ def connect(url: str, *, autocommit: bool = False, retry_for: float = 0.0,
             with attempt:
                 return _open(url, autocommit=autocommit, connect_timeout=connect_timeout)
     except psycopg2.OperationalError as exc:
+        if is_bad_option(exc):
+            raise ConfigError(f"invalid database URL {redact(url)}: {redact(first_line(exc))}") from None
         raise DatabaseUnavailable(
             f"cannot connect to {describe(url)}: {first_line(exc)}") from None
     except RetryError as exc:  # pragma: no cover - reraise=True makes this unreachable
@@ -185,6 +188,18 @@ SESSION_GONE = ("57P01", "57P02", "57P03", "53300")
 # succeed when tried again: class 40 (deadlock, serialization failure), 55P03
 # lock_not_available (lock_timeout), 57014 query_canceled (statement_timeout).
 RETRY_LATER = ("55P03", "57014")
+
+
+# libpq's own verdicts on a URL's options, before it reaches any server
+# (parse_dsn checks their names, not their values): retrying cannot help.
+_BAD_OPTION = re.compile(r"^(invalid (\S+ )?(value|port number|integer value|connection option)"
+                         r"|could not match \d+ port numbers to \d+ hosts)")
+
+
+def is_bad_option(exc: BaseException) -> bool:
+    """A connection option libpq rejects (sslmode=bogus, port=x): a mistake
+    in the URL, not a server that may come up."""
+    return bool(_BAD_OPTION.match(first_line(exc)))
 
 
 def is_connection_error(exc: BaseException) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
@@ -75,6 +76,8 @@ def test_unmigrated_database_says_to_migrate(empty_dsn: str, args) -> None:
     ("mysql://root:s3cret-pw@localhost/db", ["unsupported database URL scheme 'mysql'"]),
     ("postgresql://awa_user:s3cret-pw@127.0.0.1:notaport/db", ["notaport"]),
     ("host=127.0.0.1 password=s3cret-pw port", ["invalid database URL", "password=***"]),
+    ("postgresql://awa_user:s3cret-pw@127.0.0.1:5432/db?sslmode=bogus",
+     ["invalid database URL", 'invalid sslmode value: "bogus"']),
     (UNREACHABLE, ["cannot connect to awa_user@127.0.0.1:1/nowhere"]),
 ])
 @pytest.mark.parametrize("args", [["health"], ["jobs", "list"], ["migrate"]])
@@ -94,6 +97,17 @@ def test_start_gives_up_on_an_unreachable_database_after_connect_timeout() -> No
     result = cli("start", "--app", "apps.basic", "--connect-timeout", "1s", "--log-level", "warning",
                  "--database-url", UNREACHABLE)
     assert_one_error_line(result, "cannot connect")
+    assert "s3cret-pw" not in result.stderr
+
+
+def test_start_does_not_wait_out_the_connect_timeout_on_a_bad_url_option() -> None:
+    """libpq rejects an option's value before reaching any server: no retry
+    can help, so `start` says so at once instead of after --connect-timeout."""
+    started = time.monotonic()
+    result = cli("start", "--app", "apps.basic", "--connect-timeout", "120s", "--database-url",
+                 "postgresql://awa_user:s3cret-pw@127.0.0.1:5432/db?target_session_attrs=sometimes")
+    assert_one_error_line(result, "invalid database URL", "target_session_attrs")
+    assert time.monotonic() - started < 60, "start retried a URL libpq had rejected"
     assert "s3cret-pw" not in result.stderr
 
 
