@@ -230,8 +230,12 @@ class Supervisor:
 
     def _next_timeout(self) -> float:
         now = time.monotonic()
-        candidates = [self.next_heartbeat, self.next_poll]
-        if not self.session.connected:
+        candidates = [self.next_poll]
+        if self.session.connected:
+            candidates.append(self.next_heartbeat)
+        else:
+            # no heartbeat goes without a connection: a past one must not
+            # turn the loop into a busy spin for the whole outage
             candidates.append(self.session.reconnect_at)
         candidates.append(self.children.next_check(now))
         if self.state in (DRAINING, STOPPING):

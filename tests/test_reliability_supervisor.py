@@ -203,3 +203,28 @@ def test_a_notify_event_after_the_connection_was_lost_in_the_same_wakeup_is_igno
     finally:
         session.notifier.close()
         supervisor.selector.close()
+
+
+def test_a_supervisor_without_its_connection_waits_for_the_reconnect_not_the_missed_heartbeat(dsn) -> None:
+    """A heartbeat due during an outage cannot go (no connection); its past
+    due time used to set every select() timeout to zero, so the main loop
+    spun at a full core until the database came back."""
+    import time
+
+    import psycopg2
+
+    from awa_pool.config import PoolConfig
+    from awa_pool.supervisor import Supervisor
+
+    supervisor = Supervisor(PoolConfig(dsn=dsn, workers=1))
+    try:
+        supervisor.session.lost(psycopg2.OperationalError("server closed the connection"))
+        now = time.monotonic()
+        supervisor.next_heartbeat = now - 1.0
+        supervisor.next_poll = now + 10.0
+        supervisor.session.reconnect_at = now + 5.0
+        assert supervisor._next_timeout() > 4.0
+        supervisor.session.reconnect_at = now - 1.0   # a reconnect attempt is due: go at once
+        assert supervisor._next_timeout() == 0.0
+    finally:
+        supervisor.selector.close()
