@@ -83,14 +83,15 @@ def background(dsn: str, gap_s: float) -> BackgroundCompleter:
 
 
 def test_a_trickle_of_outcomes_is_written_two_at_a_time(auto, dsn) -> None:
-    """While jobs still run, a lone outcome waits (up to about one gap
-    between arrivals) for the next one: one statement for both."""
+    """While jobs still run, a lone outcome waits (about one gap between
+    arrivals) for the next one: one statement for both."""
     leases = running_jobs(auto, 2)
     first, second = leases
     completer = background(dsn, gap_s=20.0)  # a 25 s window
     try:
         completer.add([Outcome(first, leases[first], "completed")], more_coming=True)
-        completer.add([Outcome(second, leases[second], "completed")], more_coming=True)
+        # the last job's outcome: nothing more is coming, so the flush goes at once
+        completer.add([Outcome(second, leases[second], "completed")], more_coming=False)
         wait_for(lambda: states(dsn, leases) == {first: "completed", second: "completed"},
                  timeout=10, message="both outcomes written well inside the 25 s window")
         assert completer.flushes == 1
@@ -143,3 +144,31 @@ def test_big_results_go_in_bounded_statements_and_hold_claiming_back(auto, dsn, 
         assert states(dsn, leases) == dict.fromkeys(leases, "completed")
     finally:
         background_completer.stop()
+
+
+def company_window(gap_s: float, arrivals: List[float], more_coming: bool = True) -> float:
+    """The company window of a buffer whose outcomes arrived at these
+    offsets (seconds after the first), at an average gap of gap_s."""
+    completer = BackgroundCompleter("postgresql:///unused", max_crashes=3)  # never started
+    for job_id, offset in enumerate(arrivals, 1):
+        completer.buffer.add(Outcome(job_id, 1, "completed"))
+    completer.buffer.first_pending_at = 100.0
+    completer.last_add_at = 100.0 + arrivals[-1]
+    completer.gap_s = gap_s
+    completer.more_coming = more_coming
+    return completer._company_window()
+
+
+def test_the_company_window_waits_for_each_next_outcome_due_within_max_coalesce() -> None:
+    """45 ms jobs on two children (an outcome every 22.5 ms): the first
+    outcome waits for the second, which then goes at once (the third is due
+    past 50 ms); at 12.5 ms gaps four share a flush; never when nothing
+    more is coming or outcomes come further apart than MAX_COALESCE_S."""
+    max_s = BackgroundCompleter.MAX_COALESCE_S
+    assert max_s == 0.05
+    assert abs(company_window(0.0225, [0.0]) - 1.25 * 0.0225) < 1e-9
+    assert company_window(0.0225, [0.0, 0.0225]) == 0.0
+    assert company_window(0.0125, [0.0, 0.0125, 0.025]) > 0.025 + 0.0125
+    assert company_window(0.0125, [0.0, 0.0125, 0.025, 0.0375]) == 0.0
+    assert company_window(0.0225, [0.0], more_coming=False) == 0.0
+    assert company_window(0.06, [0.0]) == 0.0
