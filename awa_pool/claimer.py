@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Set, Tuple
 
 from . import dispatcher, fetcher
 from .children import ChildHandle, Children
 from .config import PoolConfig, QueueConfig
-from .protocol import ClaimedJob
+from .protocol import ClaimedJob, Outcome
 
 TARGET_BATCH_S = 0.004       # a child's batch of short jobs should take about this long
 LEASE_COUNTER_BITS = 40       # leases: supervisor id above, claim counter below
@@ -26,6 +26,14 @@ RUSH_EVERY_S = 0.005         # at most one early claim of urgent jobs per queue 
 
 # The supervisor's "run fn(cursor), or log and return None" (Supervisor._db).
 Db = Callable[[str, Callable[[Any], Any]], Any]
+
+
+class Completions(Protocol):
+    """Successes waiting to be written, lent to a claim (BackgroundCompleter)."""
+
+    def lend(self) -> List[Outcome]: ...
+
+    def repay(self, written: bool) -> None: ...
 
 
 def spread(n: int, caps: List[int]) -> List[int]:
@@ -44,13 +52,15 @@ def spread(n: int, caps: List[int]) -> List[int]:
 class Claimer:
     def __init__(self, config: PoolConfig, children: Children, db: Db,
                  connected: Callable[[], bool], on_claimed: Callable[[str, List[ClaimedJob]], None],
-                 held_back: Callable[[], bool] = lambda: False) -> None:
+                 held_back: Callable[[], bool] = lambda: False,
+                 completions: Optional[Completions] = None) -> None:
         self.config = config
         self.children = children
         self.db = db
         self.connected = connected
         self.on_claimed = on_claimed
         self.held_back = held_back   # true while outcomes wait to be written: claim nothing
+        self.completions = completions  # successes a claim writes on its way (BackgroundCompleter)
         self.supervisor_id = 0
         self.queues: Dict[str, QueueConfig] = {}
         self.blocked_until: Dict[str, float] = {}
@@ -304,6 +314,10 @@ class Claimer:
     def _claim_statement(self, name: str, lane: int, want: int,
                          cursor: Optional[fetcher.Cursor]) -> Optional[List[ClaimedJob]]:
         queue = self.queues[name]
-        return self.db(f"claiming from {name}", lambda cur: fetcher.claim(
+        riding = self.completions.lend() if self.completions is not None else []
+        got = self.db(f"claiming from {name}", lambda cur: fetcher.claim(
             cur, queue=name, limit=want, supervisor_id=self.supervisor_id, aging_s=queue.aging,
-            lane=lane, lease=self._next_lease(), after=cursor))
+            lane=lane, lease=self._next_lease(), after=cursor, completing=riding))
+        if riding:
+            self.completions.repay(written=got is not None)
+        return got

@@ -18,6 +18,7 @@ import psycopg2
 
 from .db import close_quietly, connect, first_line, is_transient, socket_of
 from .errors import AwaError
+from .outcome_params import array_literal, completion_params, extra_json, payload_bytes, settle_entry
 from .protocol import Outcome
 from .sql import QUERIES
 
@@ -32,47 +33,6 @@ PROGRESS_INTERVAL_S = 1.0
 # (issue 23: 1 MB results).
 FLUSH_BYTES = 8 << 20
 PENDING_BYTES_CAP = 32 << 20
-
-
-def payload_bytes(o: Outcome) -> int:
-    """The JSON text an outcome carries to the database."""
-    return len(o.result or "") + len(o.progress or "")
-
-
-def _array(values, text=repr) -> str:
-    """A Postgres array literal of numbers/NULLs (far cheaper than adapting a list)."""
-    values = list(values)
-    if None in values:
-        return "{" + ",".join("NULL" if v is None else text(v) for v in values) + "}"
-    return "{" + ",".join(map(text, values)) + "}"
-
-
-_seconds = "{:.6f}".format  # wall and CPU times: microseconds are plenty
-
-
-def _completion_params(batch: List[Outcome]) -> Dict[str, str]:
-    """complete_jobs' arguments for a batch, a column at a time."""
-    column = dict(zip(Outcome._fields, zip(*batch)))
-    extras = []
-    if any(column["result"]) or any(column["progress"]):
-        for o in batch:
-            extra = _extra_json(o)
-            if extra is not None:
-                extras.append('"%d":%s' % (o.job_id, extra))
-    return {"ids": _array(column["job_id"]), "leases": _array(column["lease"]),
-            "wall": _array(column["wall_s"], _seconds), "cpu": _array(column["cpu_s"], _seconds),
-            "rss": _array(column["peak_rss"]), "extra": "{" + ",".join(extras) + "}"}
-
-
-def _extra_json(o: Outcome) -> Optional[str]:
-    """A completion's result and final progress as a JSON object (already
-    JSON text from the child), None when it has neither."""
-    fields = []
-    if o.result is not None:
-        fields.append('"result":' + o.result)
-    if o.progress is not None:
-        fields.append('"progress":' + o.progress)
-    return "{" + ",".join(fields) + "}" if fields else None
 
 
 class Completer:
@@ -144,10 +104,10 @@ class Completer:
             o = batch[0]
             statement = QUERIES["complete_job"]
             params = {"id": o.job_id, "lease": o.lease, "wall": round(o.wall_s, 6),
-                      "cpu": round(o.cpu_s, 6), "rss": o.peak_rss, "extra": _extra_json(o)}
+                      "cpu": round(o.cpu_s, 6), "rss": o.peak_rss, "extra": extra_json(o)}
         else:
             statement = QUERIES["complete_jobs"]
-            params = _completion_params(batch)
+            params = completion_params(batch)
         try:
             cur.execute(statement, params)
         except psycopg2.Error as exc:
@@ -168,7 +128,7 @@ class Completer:
     def _flush_both(self, cur: Any) -> List[Tuple[int, str]]:
         """Successes and other outcomes in one statement; if the database
         refuses it, both lists stay for their own paths (and fallbacks)."""
-        params = _completion_params(self.completed)
+        params = completion_params(self.completed)
         params.update(self._settle_params(self.others))
         try:
             cur.execute(QUERIES["complete_and_settle"], params)
@@ -225,30 +185,12 @@ class Completer:
     def _flush_progress(self, cur: Any) -> None:
         items = list(self.progress.items())
         cur.execute(QUERIES["write_progress"], {
-            "ids": _array(job_id for job_id, _ in items),
-            "leases": _array(lease for _, (lease, _) in items),
+            "ids": array_literal(job_id for job_id, _ in items),
+            "leases": array_literal(lease for _, (lease, _) in items),
             "progress": [text for _, (_, text) in items],
         })
         self.progress = {}
         self.progress_due_at = None
-
-
-def settle_entry(outcome: Outcome) -> Dict[str, Any]:
-    entry: Dict[str, Any] = {"id": outcome.job_id, "lease": outcome.lease, "outcome": outcome.outcome,
-                             "wall_s": round(outcome.wall_s, 6), "cpu_s": round(outcome.cpu_s, 6)}
-    if outcome.peak_rss is not None:
-        entry["peak_rss"] = outcome.peak_rss
-    if outcome.error is not None:
-        entry["error"] = outcome.error
-    if outcome.traceback is not None:
-        entry["traceback"] = outcome.traceback
-    if outcome.delay_s is not None:
-        entry["delay_s"] = outcome.delay_s
-    if outcome.result is not None:
-        entry["result"] = json.loads(outcome.result)
-    if outcome.progress is not None:
-        entry["progress"] = json.loads(outcome.progress)
-    return entry
 
 
 class BackgroundCompleter:
@@ -272,6 +214,8 @@ class BackgroundCompleter:
         self.flushed = threading.Condition(self.lock)
         self.wakeup = threading.Event()
         self.in_flight: Set[int] = set()
+        self.lent: List[Outcome] = []   # successes riding on a claim statement (see lend)
+        self.rides = 0   # successes written by claims (lend, then repay as written)
         self.conn: Optional[Any] = None
         self.session_settings = True   # False behind a transaction pooler: no SET on its sessions
         self.stopping = False
@@ -325,7 +269,7 @@ class BackgroundCompleter:
     @property
     def pending(self) -> int:
         with self.lock:
-            return self.buffer.pending + len(self.in_flight)
+            return self.buffer.pending + len(self.in_flight) + len(self.lent)
 
     def over_budget(self) -> bool:
         """True while results and progress waiting to be written exceed
@@ -334,7 +278,48 @@ class BackgroundCompleter:
 
     def pending_ids(self) -> Set[int]:
         with self.lock:
-            return ({o.job_id for o in self.buffer.completed + self.buffer.others} | set(self.in_flight))
+            return ({o.job_id for o in self.buffer.completed + self.buffer.others + self.lent}
+                    | set(self.in_flight))
+
+    def lend(self) -> List[Outcome]:
+        """Take the plain successes waiting to be written (no result, no
+        progress: values the database cannot refuse) for a claim that is
+        about to go, which writes them in its own statement and commit
+        (fetcher.claim): one round trip for both, and the flush they were
+        waiting for company for is not needed. They count as pending until
+        repay() says whether the claim's statement went through."""
+        with self.lock:
+            if self.retrying or self.lent or not self.buffer.completed:
+                return []
+            plain = [o for o in self.buffer.completed if o.result is None and o.progress is None]
+            if not plain:
+                return []
+            plain = plain[:FLUSH_SIZE]
+            taken = {id(o) for o in plain}
+            self.buffer.completed = [o for o in self.buffer.completed if id(o) not in taken]
+            if not self.buffer.pending:
+                self.buffer.first_pending_at = None   # nothing left to wait for company for
+            self.lent = plain
+            return list(plain)
+
+    def repay(self, written: bool) -> None:
+        """The claim that took lend()'s outcomes is over: they are written
+        (True), or its statement failed and they go back in front of the
+        buffer for the next flush (False; the lease guard makes a second
+        write of a statement that did commit match nothing)."""
+        with self.lock:
+            lent, self.lent = self.lent, []
+            if not lent:
+                return
+            if written:
+                self.rides += len(lent)
+                self.flushed.notify_all()
+                return
+            self.buffer.completed = lent + self.buffer.completed
+            if self.buffer.first_pending_at is None:
+                self.buffer.first_pending_at = time.monotonic()
+            self.retrying = True   # written at once, without waiting for company
+        self.wakeup.set()
 
     def fileno(self) -> Optional[int]:
         return socket_of(self.conn)
@@ -345,7 +330,7 @@ class BackgroundCompleter:
         self.force = True
         self.wakeup.set()
         with self.lock:
-            while self.buffer.pending or self.in_flight or self.buffer.progress:
+            while self.buffer.pending or self.in_flight or self.lent or self.buffer.progress:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False

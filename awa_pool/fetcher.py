@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .protocol import ClaimedJob
+from .outcome_params import completion_params
+from .protocol import ClaimedJob, Outcome
 from .sql import QUERIES
 
 PRIORITY_LEVELS = (1, 2, 3, 4)
@@ -15,16 +16,23 @@ Cursor = Mapping[int, Tuple[float, int]]
 
 
 def claim(cur: Any, *, queue: str, limit: int, supervisor_id: int, aging_s: float,
-          lane: int = 0, lease: Optional[int] = None, after: Optional[Cursor] = None) -> List[ClaimedJob]:
+          lane: int = 0, lease: Optional[int] = None, after: Optional[Cursor] = None,
+          completing: Sequence[Outcome] = ()) -> List[ClaimedJob]:
     """Claim up to `limit` jobs of `queue`, in claim order. `lease` is the
     new lease of the claimed rows (None: bump each by one). `after`: scan
-    each priority level from past this cursor instead of from the start."""
+    each priority level from past this cursor instead of from the start.
+    `completing`: successes (lease-guarded, as the completer writes them)
+    written first, in the same round trip and transaction."""
     run_at, ids = (None, None) if not after else (
         [after[p][0] if p in after else None for p in PRIORITY_LEVELS],
         [after[p][1] if p in after else None for p in PRIORITY_LEVELS])
-    cur.execute(QUERIES["claim"], {"queue": queue, "limit": limit, "supervisor": supervisor_id,
-                                   "aging": aging_s, "lane": lane, "lease": lease,
-                                   "after_run_at": run_at, "after_id": ids})
+    params = {"queue": queue, "limit": limit, "supervisor": supervisor_id, "aging": aging_s,
+              "lane": lane, "lease": lease, "after_run_at": run_at, "after_id": ids}
+    if completing:
+        params.update(completion_params(completing))
+        cur.execute(QUERIES["complete_then_claim"], params)
+    else:
+        cur.execute(QUERIES["claim"], params)
     rows = cur.fetchall()
     if rows:
         _check_columns(cur.description)

@@ -70,7 +70,8 @@ class Supervisor:
         self.writing: Set[int] = set()  # child pipes watched for writability (outbox pending)
         self.queues: Dict[str, QueueConfig] = {}
         self.claimer = Claimer(config, self.children, self._db, lambda: self.session.connected,
-                               self._claimed, held_back=self.completer.over_budget)
+                               self._claimed, held_back=self.completer.over_budget,
+                               completions=self.completer)
         self.leader: Optional[Leader] = None
         self.signals = SignalRelay()
         self.completer.on_relief = self.signals.wake  # claiming resumes once big results are written
@@ -383,7 +384,7 @@ class Supervisor:
             self.children.summary(), state=self.state, leader=bool(self.leader and self.leader.is_leader),
             counters=dict(self.counters, claims=self.claimer.claims, empty_claims=self.claimer.empty_claims,
                           claimed_jobs=self.claimer.claimed_jobs, completion_flushes=self.completer.flushes,
-                          overtakes=self.children.overtakes),
+                          completion_rides=self.completer.rides, overtakes=self.children.overtakes),
             listen=self.session.listen_ok)
 
     def _poll(self, now: float) -> None:

@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .completer import settle_entry
 from .config import DEFAULT_AGING_S
 from .drivers import cursor_for
 from .errors import AwaError
@@ -29,6 +28,7 @@ from .execute import run
 from .fetcher import claim
 from .enqueued import Enqueued
 from .job import DEFAULT_QUEUE, Job, JobState
+from .outcome_params import settle_entry
 from .protocol import ClaimedJob, Outcome
 from .stats import queue_depth
 from .requests import answer as answer_request

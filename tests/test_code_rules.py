@@ -96,7 +96,7 @@ def test_only_the_signal_relay_and_child_install_signal_handlers() -> None:
 LAYERS = {
     0: {"errors", "job", "protocol", "inflight", "version"},
     1: {"config", "dispatcher", "context", "execute", "tasks", "periodic", "tracing"},
-    2: {"db", "drivers", "sql", "migrate"},
+    2: {"db", "drivers", "sql", "migrate", "outcome_params"},
     3: {"producer", "admin", "stats", "periodic_admin", "fetcher", "completer", "notifier", "leader",
         "maintenance", "registration", "requests", "grants", "liveness", "pooling"},
     4: {"child", "child_handle", "children", "claimer", "cancels", "session", "signals", "supervisor"},

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
+import psycopg2
+
 import awa_pool
 from awa_pool import Job
+from awa_pool import fetcher
 from awa_pool.completer import BackgroundCompleter, Completer
 from awa_pool.protocol import Outcome
 from helpers import query, wait_for
@@ -24,6 +27,10 @@ class CountingCursor:
 
     def fetchall(self) -> list:
         return self.cur.fetchall()
+
+    @property
+    def description(self) -> Any:
+        return self.cur.description
 
 
 def running_jobs(auto, count: int) -> Dict[int, int]:
@@ -172,3 +179,62 @@ def test_the_company_window_waits_for_each_next_outcome_due_within_max_coalesce(
     assert company_window(0.0125, [0.0, 0.0125, 0.025, 0.0375]) == 0.0
     assert company_window(0.0225, [0.0], more_coming=False) == 0.0
     assert company_window(0.06, [0.0]) == 0.0
+
+
+def test_plain_successes_ride_on_a_claim_in_its_statement(auto, dsn) -> None:
+    """lend() hands the claim the successes without result or progress; the
+    claim writes them and claims in one statement; the others stay for the
+    completer's flush, and every one of them counts as pending meanwhile."""
+    leases = running_jobs(auto, 3)
+    plain, with_result, retried = leases
+    awa_pool.enqueue_many(auto, [Job("k", queue="next") for _ in range(2)])
+    completer = BackgroundCompleter(dsn, max_crashes=3)  # not started: no flush but ours
+    completer.add([Outcome(plain, leases[plain], "completed", wall_s=0.05, cpu_s=0.04),
+                   Outcome(with_result, leases[with_result], "completed", result='{"n": 1}'),
+                   Outcome(retried, leases[retried], "retry", error="again", delay_s=60)],
+                  more_coming=True)
+    loan = completer.lend()
+    assert [o.job_id for o in loan] == [plain]
+    assert completer.pending == 3 and completer.pending_ids() == set(leases)
+    with auto.cursor() as raw:
+        cur = CountingCursor(raw)
+        claimed = fetcher.claim(cur, queue="next", limit=2, supervisor_id=1, aging_s=60.0, completing=loan)
+    completer.repay(written=True)
+    assert len(cur.statements) == 1 and len(claimed) == 2
+    assert states(dsn, leases) == {plain: "completed", with_result: "running", retried: "running"}
+    assert states(dsn, [job.id for job in claimed]) == dict.fromkeys([job.id for job in claimed], "running")
+    assert query(dsn, "SELECT wall_s FROM awa.jobs_done WHERE id = %s", (plain,)) == [(0.05,)]
+    assert completer.rides == 1 and completer.pending == 2
+    assert completer.lend() == []   # nothing plain is left
+
+
+def test_a_claim_that_fails_writes_none_of_its_riders_and_gives_them_back(auto, dsn) -> None:
+    """The two statements are one transaction: a claim the database refuses
+    applies no success either; repay(written=False) puts them back, and the
+    completer writes them at once, without waiting for company."""
+    leases = running_jobs(auto, 2)
+    completer = BackgroundCompleter(dsn, max_crashes=3)
+    completer.MAX_COALESCE_S = 60.0
+    completer.gap_s = 20.0
+    completer.add([Outcome(job_id, lease, "completed") for job_id, lease in leases.items()], more_coming=True)
+    loan = completer.lend()
+    assert len(loan) == 2
+    with auto.cursor() as cur:
+        try:
+            fetcher.claim(cur, queue="next", limit=1, supervisor_id=1, aging_s=60.0,
+                          lane=70000, completing=loan)  # lane is a smallint: refused
+        except psycopg2.Error:
+            refused = True
+        else:
+            refused = False
+    assert refused
+    assert states(dsn, leases) == dict.fromkeys(leases, "running")
+    completer.repay(written=False)
+    assert completer.pending == 2 and completer.rides == 0
+    completer.start()
+    try:
+        wait_for(lambda: states(dsn, leases) == dict.fromkeys(leases, "completed"), timeout=10,
+                 message="the given-back successes written without a 25 s company window")
+        assert completer.flushes == 1
+    finally:
+        completer.stop()
