@@ -18,7 +18,7 @@ from .protocol import ClaimedJob, Outcome
 
 TARGET_BATCH_S = 0.004       # a child's batch of short jobs should take about this long
 LEASE_COUNTER_BITS = 40       # leases: supervisor id above, claim counter below
-PREFETCH_BELOW_S = 0.05      # queue a child's next batch early only for jobs shorter than this
+PREFETCH_BELOW_S = 0.08      # queue a child's next batch early only for jobs shorter than this
 EWMA_ALPHA = 0.2
 TURN_JOB_FLOOR_S = 0.0001    # a job costs a turn at least this much of a child's time (its dispatch)
 LOOK_FROM_START_EVERY_S = 0.5  # a backlog's claims use a cursor; one claim this often does not
@@ -205,7 +205,7 @@ class Claimer:
             if not kids:
                 continue  # idle children take it through the plan; busy ones hold only as urgent jobs
             self.rushed_at[name] = now
-            if self._fill(name, kids, now, depth=1) is None:
+            if self._fill(name, kids, now, depth=1, carry=False) is None:
                 return
 
     def _refill(self, now: float) -> None:
@@ -225,14 +225,14 @@ class Claimer:
                 return
 
     def _fill(self, name: str, kids: List[ChildHandle], now: float,
-              depth: Optional[int] = None) -> Optional[int]:
+              depth: Optional[int] = None, carry: bool = True) -> Optional[int]:
         """Claim one batch (of `depth` jobs, by default the queue's) for each
         of these children in one round trip and send it; returns how many
         got work (None: the database was lost)."""
         depth = depth or self._depth(name)
         # a child due for recycling takes no more jobs than it has left
         caps = [max(1, min(depth, child.tasks_left)) for child in kids]
-        jobs = self._claim(name, sum(caps), now)
+        jobs = self._claim(name, sum(caps), now, carry)
         if jobs is None:
             return None
         offset = given = 0
@@ -259,12 +259,12 @@ class Claimer:
             self.blocked_until = {name: until for name, until in self.blocked_until.items() if until > now}
         return set(self.blocked_until)
 
-    def _claim(self, name: str, want: int, now: float) -> Optional[List[ClaimedJob]]:
+    def _claim(self, name: str, want: int, now: float, carry: bool = True) -> Optional[List[ClaimedJob]]:
         """Claim up to `want` jobs of a queue (trying lanes of a sharded
         queue); None when the database connection was lost."""
         rows: List[ClaimedJob] = []
         for _ in range(self.shards.get(name, 1)):
-            got = self._claim_lane(name, self._lane(name), want - len(rows), now)
+            got = self._claim_lane(name, self._lane(name), want - len(rows), now, carry)
             if got is None:
                 if not self.connected():
                     return None
@@ -284,7 +284,8 @@ class Claimer:
             self.stride.drop(name)
         return rows
 
-    def _claim_lane(self, name: str, lane: int, want: int, now: float) -> Optional[List[ClaimedJob]]:
+    def _claim_lane(self, name: str, lane: int, want: int, now: float,
+                    carry: bool = True) -> Optional[List[ClaimedJob]]:
         """Claim up to `want` jobs of one lane. While its claims come back
         full (a backlog), each scans from past the last one's jobs (claimed
         jobs stay in the claim index until VACUUM, and a scan from the start
@@ -297,7 +298,7 @@ class Claimer:
         cursor = self.cursors.get(key)
         if cursor is not None and now - self.looked_from_start.get(key, 0.0) >= LOOK_FROM_START_EVERY_S:
             cursor = None
-        got = self._claim_statement(name, lane, want, cursor)
+        got = self._claim_statement(name, lane, want, cursor, carry)
         if got is not None and cursor is not None and len(got) < want:
             more = self._claim_statement(name, lane, want - len(got), None)
             got, cursor = got + (more or []), None
@@ -311,10 +312,13 @@ class Claimer:
             self.cursors[key] = fetcher.advance(cursor, got)
         return got
 
-    def _claim_statement(self, name: str, lane: int, want: int,
-                         cursor: Optional[fetcher.Cursor]) -> Optional[List[ClaimedJob]]:
+    def _claim_statement(self, name: str, lane: int, want: int, cursor: Optional[fetcher.Cursor],
+                         carry: bool = True) -> Optional[List[ClaimedJob]]:
+        """One claim statement. With `carry`, it first writes the successes
+        waiting in the completer, in the same round trip and transaction (a
+        rush claim carries none: its urgent job must not wait for them)."""
         queue = self.queues[name]
-        riding = self.completions.lend() if self.completions is not None else []
+        riding = self.completions.lend() if carry and self.completions is not None else []
         got = self.db(f"claiming from {name}", lambda cur: fetcher.claim(
             cur, queue=name, limit=want, supervisor_id=self.supervisor_id, aging_s=queue.aging,
             lane=lane, lease=self._next_lease(), after=cursor, completing=riding))
