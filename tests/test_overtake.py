@@ -47,6 +47,17 @@ def _ready_child(sup: Supervisor):
     return child, pump
 
 
+def _running_a_then_two(sup: Supervisor, gates: _Gates, dsn: str, priority: int):
+    """A child running job A (held at its gate) with B and C queued behind
+    it, all of this priority: (child, pump, (A, B, C))."""
+    ids = enqueue_jobs(dsn, [gates.job(held=True, priority=priority), gates.job(priority=priority),
+                             gates.job(priority=priority)])
+    child, pump = _ready_child(sup)
+    sup.children.assign(child, "gates", _claim(sup, 3), sup.claimer._urgency("gates"))
+    wait_for(lambda: pump() and child.running_job()[0] == ids[0], timeout=30, message="job A to start")
+    return child, pump, tuple(ids)
+
+
 def test_an_urgent_job_runs_next_and_every_job_once_with_its_lease(loopless_supervisor, dsn, tmp_path) -> None:
     sup = loopless_supervisor
     gates = _Gates(tmp_path)
@@ -96,11 +107,7 @@ def test_an_urgent_job_runs_next_and_every_job_once_with_its_lease(loopless_supe
 def test_a_child_killed_after_an_overtake_loses_no_job(loopless_supervisor, dsn, tmp_path) -> None:
     sup = loopless_supervisor
     gates = _Gates(tmp_path)
-    a_id, b_id, c_id = enqueue_jobs(dsn, [gates.job(held=True, priority=3), gates.job(priority=3),
-                                          gates.job(priority=3)])
-    child, pump = _ready_child(sup)
-    sup.children.assign(child, "gates", _claim(sup, 3), sup.claimer._urgency("gates"))
-    wait_for(lambda: pump() and child.running_job()[0] == a_id, timeout=30, message="job A to start")
+    child, pump, (a_id, b_id, c_id) = _running_a_then_two(sup, gates, dsn, priority=3)
     (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
     sup.children.assign(child, "gates", _claim(sup, 1), sup.claimer._urgency("gates"))
     assert [job.id for job in child.inflight] == [a_id, urgent_id, b_id, c_id]
@@ -167,11 +174,7 @@ def test_a_new_priority_1_job_is_claimed_at_once_and_runs_next(loopless_supervis
     jobs; a new priority-2 job wakes no such early claim."""
     sup = loopless_supervisor
     gates = _Gates(tmp_path)
-    a_id, b_id, c_id = enqueue_jobs(dsn, [gates.job(held=True, priority=2), gates.job(priority=2),
-                                          gates.job(priority=2)])
-    child, pump = _ready_child(sup)
-    sup.children.assign(child, "gates", _claim(sup, 3), sup.claimer._urgency("gates"))
-    wait_for(lambda: pump() and child.running_job()[0] == a_id, timeout=30, message="job A to start")
+    child, pump, (a_id, b_id, c_id) = _running_a_then_two(sup, gates, dsn, priority=2)
 
     def notified() -> bool:
         sup._on_notify()   # what the loop does when the LISTEN session is readable
