@@ -300,7 +300,7 @@ class Claimer:
             cursor = None
         got = self._claim_statement(name, lane, want, cursor, carry)
         if got is not None and cursor is not None and len(got) < want:
-            more = self._claim_statement(name, lane, want - len(got), None)
+            more = self._claim_statement(name, lane, want - len(got), None, carry)
             got, cursor = got + (more or []), None
         if got is None:
             return None
