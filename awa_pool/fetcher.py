@@ -29,11 +29,8 @@ def claim(cur: Any, *, queue: str, limit: int, supervisor_id: int, aging_s: floa
     params = {"queue": queue, "limit": limit, "supervisor": supervisor_id, "aging": aging_s,
               "lane": lane, "lease": lease, "after_run_at": run_at, "after_id": ids}
     if completing:
-        # Two statements in one simple query: one round trip, and one implicit
-        # transaction, so if either fails neither applies. Only the claim's
-        # rows come back.
         params.update(completion_params(completing))
-        cur.execute(QUERIES["complete_jobs"] + ";\n" + QUERIES["claim"], params)
+        cur.execute(QUERIES["complete_then_claim"], params)
     else:
         cur.execute(QUERIES["claim"], params)
     rows = cur.fetchall()

@@ -24,6 +24,16 @@ NOTIFY awa_jobs, ''
 SELECT * FROM awa.claim(%(queue)s, %(limit)s, %(supervisor)s, %(aging)s, %(lane)s::smallint,
                         %(lease)s::bigint, %(after_run_at)s::double precision[], %(after_id)s::bigint[])
 
+-- name: complete_then_claim
+-- A claim carrying successes that wait to be written (BackgroundCompleter.lend):
+-- one round trip and one commit for both. The simple query protocol runs the
+-- two statements in order in one transaction: if either fails, neither
+-- applies. Only the claim's rows come back.
+SELECT count(*) FROM awa.complete_jobs(%(ids)s::bigint[], %(leases)s::bigint[], %(wall)s::real[],
+                                       %(cpu)s::real[], %(rss)s::bigint[], %(extra)s::jsonb);
+SELECT * FROM awa.claim(%(queue)s, %(limit)s, %(supervisor)s, %(aging)s, %(lane)s::smallint,
+                        %(lease)s::bigint, %(after_run_at)s::double precision[], %(after_id)s::bigint[])
+
 -- name: queues_with_work
 -- The poll behind LISTEN: which of a supervisor's queues have jobs available
 -- (one probe of the claim index each, LIMIT 1 keeping it a probe however deep
