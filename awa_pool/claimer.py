@@ -188,14 +188,24 @@ class Claimer:
                 self._rush(time.monotonic())
             self._refill(time.monotonic())
 
-    def _rush(self, now: float) -> None:
+    def rush_now(self, names: Iterable[str], db: Db) -> int:
+        """The urgent lane's claim (UrgentLane, under the state lock): the
+        new priority-1 jobs of these queues, through the lane's session
+        `db`, at once; returns how many children got one."""
+        self.rush(names)
+        if not self.connected() or self.held_back():
+            return 0   # rushing stays marked: the loop's next hand-out tries
+        return self._rush(time.monotonic(), db)
+
+    def _rush(self, now: float, db: Optional[Db] = None) -> int:
         """Claim one job for each child holding queued jobs less urgent than
         a new priority-1 job of its queue; the claim takes the most urgent
         first, and assign() lets it overtake. At most one such claim per
         queue every RUSH_EVERY_S: one that arrives sooner is claimed by the
-        next refill, as without this."""
+        next refill, as without this. Returns how many children got one."""
         rushing, self.rushing = self.rushing, set()
         blocked = self._blocked(now)
+        handed = 0
         for name in rushing:
             if name in blocked or now - self.rushed_at.get(name, -RUSH_EVERY_S) < RUSH_EVERY_S:
                 continue
@@ -205,8 +215,19 @@ class Claimer:
             if not kids:
                 continue  # idle children take it through the plan; busy ones hold only as urgent jobs
             self.rushed_at[name] = now
-            if self._fill(name, kids, now, depth=1, carry=False) is None:
-                return
+            lane = self._lane(name)
+            # Priority 1 from the start (a job enqueued with a past run_at
+            # sorts behind the cursor); the other levels past it, as the
+            # backlog's claims go.
+            after = {p: mark for p, mark in self.cursors.get((name, lane), {}).items() if p != 1}
+            jobs = self._claim_statement(name, lane, len(kids), after, rush=True, db=db)
+            if jobs is None:
+                return handed
+            self._count_claimed(name, jobs)
+            for child, job in zip(kids, jobs):
+                self.children.assign(child, name, [job], urgency)
+                handed += 1
+        return handed
 
     def _refill(self, now: float) -> None:
         wanting = self.children.wanting_refill()
@@ -224,15 +245,14 @@ class Claimer:
             if self._fill(name, kids, now) is None:
                 return
 
-    def _fill(self, name: str, kids: List[ChildHandle], now: float,
-              depth: Optional[int] = None, carry: bool = True) -> Optional[int]:
-        """Claim one batch (of `depth` jobs, by default the queue's) for each
-        of these children in one round trip and send it; returns how many
-        got work (None: the database was lost)."""
-        depth = depth or self._depth(name)
+    def _fill(self, name: str, kids: List[ChildHandle], now: float) -> Optional[int]:
+        """Claim one batch of the queue's depth for each of these children
+        in one round trip and send it; returns how many got work (None: the
+        database was lost)."""
+        depth = self._depth(name)
         # a child due for recycling takes no more jobs than it has left
         caps = [max(1, min(depth, child.tasks_left)) for child in kids]
-        jobs = self._claim(name, sum(caps), now, carry)
+        jobs = self._claim(name, sum(caps), now)
         if jobs is None:
             return None
         offset = given = 0
@@ -259,23 +279,19 @@ class Claimer:
             self.blocked_until = {name: until for name, until in self.blocked_until.items() if until > now}
         return set(self.blocked_until)
 
-    def _claim(self, name: str, want: int, now: float, carry: bool = True) -> Optional[List[ClaimedJob]]:
+    def _claim(self, name: str, want: int, now: float) -> Optional[List[ClaimedJob]]:
         """Claim up to `want` jobs of a queue (trying lanes of a sharded
         queue); None when the database connection was lost."""
         rows: List[ClaimedJob] = []
         for _ in range(self.shards.get(name, 1)):
-            got = self._claim_lane(name, self._lane(name), want - len(rows), now, carry)
+            got = self._claim_lane(name, self._lane(name), want - len(rows), now)
             if got is None:
                 if not self.connected():
                     return None
                 self.blocked_until[name] = now + 1.0  # a failing claim: back off this queue
                 return rows
             rows.extend(got)
-            self.claimed_jobs += len(got)
-            if got:
-                self.on_claimed(name, got)
-            else:
-                self.empty_claims += 1
+            self._count_claimed(name, got)
             if len(rows) >= want:
                 return rows
         if self.queues[name].rate is not None:
@@ -284,8 +300,14 @@ class Claimer:
             self.stride.drop(name)
         return rows
 
-    def _claim_lane(self, name: str, lane: int, want: int, now: float,
-                    carry: bool = True) -> Optional[List[ClaimedJob]]:
+    def _count_claimed(self, name: str, jobs: List[ClaimedJob]) -> None:
+        self.claimed_jobs += len(jobs)
+        if jobs:
+            self.on_claimed(name, jobs)
+        else:
+            self.empty_claims += 1
+
+    def _claim_lane(self, name: str, lane: int, want: int, now: float) -> Optional[List[ClaimedJob]]:
         """Claim up to `want` jobs of one lane. While its claims come back
         full (a backlog), each scans from past the last one's jobs (claimed
         jobs stay in the claim index until VACUUM, and a scan from the start
@@ -298,9 +320,9 @@ class Claimer:
         cursor = self.cursors.get(key)
         if cursor is not None and now - self.looked_from_start.get(key, 0.0) >= LOOK_FROM_START_EVERY_S:
             cursor = None
-        got = self._claim_statement(name, lane, want, cursor, carry)
+        got = self._claim_statement(name, lane, want, cursor)
         if got is not None and cursor is not None and len(got) < want:
-            more = self._claim_statement(name, lane, want - len(got), None, carry)
+            more = self._claim_statement(name, lane, want - len(got), None)
             got, cursor = got + (more or []), None
         if got is None:
             return None
@@ -313,15 +335,17 @@ class Claimer:
         return got
 
     def _claim_statement(self, name: str, lane: int, want: int, cursor: Optional[fetcher.Cursor],
-                         carry: bool = True) -> Optional[List[ClaimedJob]]:
-        """One claim statement. With `carry`, it first writes the successes
-        waiting in the completer, in the same round trip and transaction (a
-        rush claim carries none: its urgent job must not wait for them)."""
+                         rush: bool = False, db: Optional[Db] = None) -> Optional[List[ClaimedJob]]:
+        """One claim statement, on the main session unless `db` says. It
+        first writes the successes waiting in the completer, in the same
+        round trip and transaction; a rush claim carries none (its urgent
+        job must not wait for them)."""
         queue = self.queues[name]
-        riding = self.completions.lend() if carry and self.completions is not None else []
-        got = self.db(f"claiming from {name}", lambda cur: fetcher.claim(
+        riding = self.completions.lend() if not rush and self.completions is not None else []
+        lease = self._next_lease()   # here, under the state lock: never while the statement runs
+        got = (db or self.db)(f"claiming from {name}", lambda cur: fetcher.claim(
             cur, queue=name, limit=want, supervisor_id=self.supervisor_id, aging_s=queue.aging,
-            lane=lane, lease=self._next_lease(), after=cursor, completing=riding))
+            lane=lane, lease=lease, after=cursor, completing=riding))
         if riding:
             self.completions.repay(written=got is not None)
         return got

@@ -17,7 +17,8 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import Any, Callable, Dict, List, Optional
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Dict, List, Optional
 
 import psycopg2
 import psycopg2.extensions
@@ -44,6 +45,16 @@ def _retry_state(attempt: int) -> RetryCallState:
     return state
 
 
+class _WaitingCursor(psycopg2.extensions.cursor):
+    """A cursor whose execute() runs inside its `waiting` context."""
+
+    waiting: Callable[[], ContextManager[Any]] = nullcontext
+
+    def execute(self, query: Any, vars: Any = None) -> Any:
+        with self.waiting():
+            return super().execute(query, vars)
+
+
 class Session:
     def __init__(self, config: PoolConfig, *, on_lost: Callable[[str], None],
                  on_back: Callable[[float], None]) -> None:
@@ -60,6 +71,7 @@ class Session:
         self.reconnect_at = 0.0
         self.reconnect_attempts = 0
         self.backoff = wait_exponential(multiplier=0.2, max=5.0) + wait_random(0, 0.2)
+        self.waiting: Callable[[], ContextManager[Any]] = nullcontext
 
     @property
     def connected(self) -> bool:
@@ -144,11 +156,14 @@ class Session:
     # -- statements ------------------------------------------------------------
     def run(self, fn: Callable[[Any], Any]) -> Any:
         """fn(cursor) on the main connection; errors propagate (a lost
-        connection also starts reconnecting)."""
+        connection also starts reconnecting). While a statement waits for
+        its reply, `waiting` is in force (the supervisor gives up its state
+        lock: UrgentLane)."""
         if self.conn is None:
             raise AwaError("the database is unreachable right now")
         try:
-            with self.conn.cursor() as cur:
+            with self.conn.cursor(cursor_factory=_WaitingCursor) as cur:
+                cur.waiting = self.waiting
                 return fn(cur)
         except psycopg2.Error as exc:
             if is_connection_error(exc) or self.conn.closed:

@@ -41,6 +41,7 @@ from .requests import answer as answer_request
 from .signals import SignalRelay
 from .sql import QUERIES
 from .tasks import all_tasks, import_app
+from .urgent_lane import StateLock, UrgentLane
 from .version import __version__
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,11 @@ class Supervisor:
                                self._claimed, held_back=self.completer.over_budget,
                                completions=self.completer)
         self.leader: Optional[Leader] = None
+        # Held through a tick, given up while it waits (select, statements):
+        # the urgent lane claims and hands out meanwhile.
+        self.state_lock = StateLock()
+        self.session.waiting = self.state_lock.released
+        self.lane: Optional[UrgentLane] = None
         self.signals = SignalRelay()
         self.completer.on_relief = self.signals.wake  # claiming resumes once big results are written
         self.exit_code = 0
@@ -120,9 +126,21 @@ class Supervisor:
                                  Maintenance(services), stale_after_s=self.config.heartbeat_staleness)
             self.leader.start()
         self.state = RUNNING
+        self._start_lane()
         log.info("supervisor %d started: %d children, queues %s, database %s", self.supervisor_id,
                  self.config.workers, ", ".join(sorted(self.queues)), describe(self.config.dsn))
         self._event("started", {"supervisor_id": self.supervisor_id})
+
+    def _start_lane(self) -> None:
+        if not self.session.listen_ok:
+            return  # no LISTEN on this path: nothing would wake the lane
+        self.lane = UrgentLane(self.config.session_dsn or self.config.dsn, self.state_lock,
+                               rush=self.claimer.rush_now, may_claim=self._may_claim,
+                               on_handed_out=self.signals.wake)
+        self.lane.start()
+
+    def _may_claim(self) -> bool:
+        return self.state == RUNNING and self.session.connected
 
     def _served_queues(self) -> Dict[str, QueueConfig]:
         queues = dict(self.config.queues)
@@ -146,9 +164,11 @@ class Supervisor:
     def _inherited_fds(self) -> Tuple[List[int], List[int]]:
         """(fds a new child must close, database sockets it must neutralize)."""
         close = [fd for fd in (self.signals.read_fd, self.signals.write_fd) if fd >= 0]
-        sockets = []
         conns = (self.leader.conn if self.leader else None, self.completer.conn)
         sockets = self.session.sockets() + [fd for fd in map(socket_of, conns) if fd is not None]
+        if self.lane is not None:
+            lane_close, lane_sockets = self.lane.inherited_fds()
+            close, sockets = close + lane_close, sockets + lane_sockets
         return close, sockets
 
     def _watch_notifier(self) -> None:
@@ -175,11 +195,17 @@ class Supervisor:
     # -- the loop --------------------------------------------------------------
     def tick(self, max_wait: Optional[float] = None) -> None:
         """One iteration: wait for events (bounded), then act on everything due."""
+        with self.state_lock:
+            self._tick(max_wait)
+
+    def _tick(self, max_wait: Optional[float]) -> None:
         timeout = self._next_timeout()
         if max_wait is not None:
             timeout = min(timeout, max_wait)
         self._watch_outboxes()
-        for key, _ in self.selector.select(timeout):
+        with self.state_lock.released():
+            events = self.selector.select(timeout)
+        for key, _ in events:
             kind, child = key.data
             if kind == "child":
                 self._on_child_readable(child)
@@ -384,7 +410,8 @@ class Supervisor:
             self.children.summary(), state=self.state, leader=bool(self.leader and self.leader.is_leader),
             counters=dict(self.counters, claims=self.claimer.claims, empty_claims=self.claimer.empty_claims,
                           claimed_jobs=self.claimer.claimed_jobs, completion_flushes=self.completer.flushes,
-                          completion_rides=self.completer.rides, overtakes=self.children.overtakes),
+                          completion_rides=self.completer.rides, overtakes=self.children.overtakes,
+                          urgent_claims=self.lane.rushes if self.lane else 0),
             listen=self.session.listen_ok)
 
     def _poll(self, now: float) -> None:
@@ -417,7 +444,8 @@ class Supervisor:
             self.session.lost(exc)
             return
         self.claimer.wake(notes.queues)
-        self.claimer.rush(notes.urgent)
+        if self.lane is None or not self.lane.connected:
+            self.claimer.rush(notes.urgent)  # the lane's session is down: the next hand-out claims them
         if notes.cancels:
             self.cancels.on_notified(notes.cancels, time.monotonic())
 
@@ -482,6 +510,8 @@ class Supervisor:
             QUERIES["supervisor_stopped"], {"id": self.supervisor_id, "stats": json.dumps(self.stats())}))
 
     def _cleanup(self) -> None:
+        if self.lane is not None:
+            self.lane.stop()
         self.completer.stop()
         if self.leader is not None:
             self.leader.stop()

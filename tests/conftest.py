@@ -158,6 +158,8 @@ def loopless_supervisor(dsn: str):
     try:
         yield sup
     finally:
+        if sup.lane is not None:
+            sup.lane.stop()
         sup.completer.stop()
         sup.children.kill_all()
         for child in sup.children.all():

@@ -98,7 +98,7 @@ LAYERS = {
     1: {"config", "dispatcher", "context", "execute", "tasks", "periodic", "tracing"},
     2: {"db", "drivers", "sql", "migrate", "outcome_params"},
     3: {"producer", "admin", "stats", "periodic_admin", "fetcher", "completer", "notifier", "leader",
-        "maintenance", "registration", "requests", "grants", "liveness", "pooling"},
+        "maintenance", "registration", "requests", "grants", "liveness", "pooling", "urgent_lane"},
     4: {"child", "child_handle", "children", "claimer", "cancels", "session", "signals", "supervisor"},
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}

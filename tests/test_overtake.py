@@ -199,3 +199,124 @@ def test_a_new_priority_1_job_is_claimed_at_once_and_runs_next(loopless_supervis
     assert [job_id for job_id, _ in gates.starts()] == [a_id, urgent_id, b_id, c_id]
     assert sup.completer.drain(10), "the completer did not write its outcomes"
     assert job_row(dsn, d_id)["state"] == "available", "D was never claimed"
+
+
+def _start_lane(sup: Supervisor) -> None:
+    """The urgent lane, as a running supervisor has it (a test playing the
+    loop holds the state lock when it touches the supervisor's parts)."""
+    sup.state = "running"
+    sup._start_lane()
+    assert sup.lane is not None
+    wait_for(lambda: sup.lane.connected, timeout=10, message="the urgent lane's session")
+
+
+def _all_reported(sup: Supervisor, child, pump) -> None:
+    def reported() -> bool:
+        with sup.state_lock:  # the lane runs: the part of the loop the test plays holds the lock
+            pump()
+            return not child.inflight
+
+    wait_for(reported, timeout=30, message="every job to be reported")
+
+
+class _BlockedStatement:
+    """The main loop waiting on a statement (blocked on an advisory lock the
+    test holds), in a thread that plays the loop: it holds the state lock
+    except while the statement waits, as a tick does."""
+
+    KEY = 740_021
+
+    def __init__(self, sup: Supervisor, dsn: str) -> None:
+        import threading
+
+        import psycopg2
+
+        self.holder = psycopg2.connect(dsn)
+        self.holder.autocommit = True
+        with self.holder.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(%s)", (self.KEY,))
+        self.done = threading.Event()
+
+        def statement() -> None:
+            with sup.state_lock:
+                sup.session.run(lambda cur: cur.execute("SELECT pg_advisory_lock(%s), pg_advisory_unlock(%s)",
+                                                        (self.KEY, self.KEY)))
+            self.done.set()
+
+        self.thread = threading.Thread(target=statement, daemon=True)
+        self.thread.start()
+        wait_for(lambda: self._waiting(), timeout=10, message="the main session to wait on the lock")
+
+    def _waiting(self) -> bool:
+        with self.holder.cursor() as cur:
+            cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s "
+                        "AND NOT granted", (self.KEY,))
+            return cur.fetchone()[0] == 1
+
+    def release(self) -> None:
+        with self.holder.cursor() as cur:
+            cur.execute("SELECT pg_advisory_unlock(%s)", (self.KEY,))
+        self.holder.close()
+        assert self.done.wait(10), "the main session's statement did not finish"
+
+
+def test_the_urgent_lane_hands_out_a_priority_1_job_while_the_loop_waits_on_a_statement(
+        loopless_supervisor, dsn, tmp_path) -> None:
+    """The loop reads its LISTEN session only between statements; the lane
+    claims a new priority-1 job and the child starts it while the loop's
+    statement has not returned. Every job still runs once, under its lease."""
+    sup = loopless_supervisor
+    gates = _Gates(tmp_path)
+    child, pump, (a_id, b_id, c_id) = _running_a_then_two(sup, gates, dsn, priority=2)
+    _start_lane(sup)
+    blocked = _BlockedStatement(sup, dsn)
+    try:
+        (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
+        wait_for(lambda: urgent_id in [job.id for job in list(child.inflight)], timeout=10,
+                 message="the lane to hand the priority-1 job to the child")
+        assert not blocked.done.is_set()
+        with sup.state_lock:
+            assert [job.id for job in child.inflight] == [a_id, urgent_id, b_id, c_id]
+            assert sup.children.overtakes == 1 and sup.lane.rushes == 1
+        gates.held.touch()
+
+        def urgent_started() -> bool:
+            with sup.state_lock:
+                pump()
+            return urgent_id in [job_id for job_id, _ in gates.starts()]
+
+        wait_for(urgent_started, timeout=30, message="the priority-1 job to start")
+        assert not blocked.done.is_set(), "the job must start while the loop's statement still waits"
+    finally:
+        blocked.release()
+    _all_reported(sup, child, pump)
+    assert [job_id for job_id, _ in gates.starts()] == [a_id, urgent_id, b_id, c_id]
+    assert sup.completer.drain(10), "the completer did not write its outcomes"
+    for job_id, lease in gates.starts():
+        row = job_row(dsn, job_id)
+        assert (row["state"], row["attempt"], row["result"]) == ("completed", 1, {"lease": lease}), row
+    assert len({lease for _, lease in gates.starts()}) == 2, "the lane's claim has a lease of its own"
+
+
+def test_the_urgent_lane_comes_back_after_its_session_is_terminated(loopless_supervisor, dsn, auto,
+                                                                   tmp_path) -> None:
+    """pg_terminate_backend on the lane's session: the loop claims priority-1
+    jobs in the meantime (its own LISTEN session hears awa_urgent too), the
+    lane reconnects, and its next claim works; no job runs twice."""
+    sup = loopless_supervisor
+    gates = _Gates(tmp_path)
+    child, pump, (a_id, b_id, c_id) = _running_a_then_two(sup, gates, dsn, priority=3)
+    _start_lane(sup)
+    first_pid = sup.lane.conn.get_backend_pid()
+    with auto.cursor() as cur:
+        cur.execute("SELECT pg_terminate_backend(%s)", (first_pid,))
+    wait_for(lambda: sup.lane.connected and sup.lane.conn.get_backend_pid() != first_pid, timeout=15,
+             message="the urgent lane to reconnect")
+    (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
+    wait_for(lambda: urgent_id in [job.id for job in list(child.inflight)], timeout=10,
+             message="the reconnected lane to hand out the priority-1 job")
+    gates.held.touch()
+    _all_reported(sup, child, pump)
+    assert [job_id for job_id, _ in gates.starts()] == [a_id, urgent_id, b_id, c_id]
+    assert sup.completer.drain(10), "the completer did not write its outcomes"
+    assert all(job_row(dsn, job_id)["state"] == "completed" for job_id in (a_id, b_id, c_id, urgent_id))

@@ -15,6 +15,10 @@ SET synchronous_commit = off
 -- name: listen
 LISTEN awa_jobs; LISTEN awa_urgent; LISTEN awa_cancel
 
+-- name: listen_urgent
+-- The urgent lane's own session (UrgentLane): new priority-1 jobs only.
+LISTEN awa_urgent
+
 -- name: probe_notify
 -- An empty payload on the jobs channel: proves LISTEN works on this path.
 NOTIFY awa_jobs, ''

@@ -1,0 +1,191 @@
+"""The urgent lane: a thread of the supervisor with a session of its own
+that LISTENs on awa_urgent and claims a new priority-1 job the moment it
+is notified, for the children holding less urgent jobs queued (they take
+it next: Children.assign's overtake).
+
+The main loop reads its own LISTEN session only between statements, and
+under a deep backlog a claim of a full batch takes milliseconds; the
+lane's claim and hand-out run while the main loop waits on such a
+statement. Both work under the supervisor's state lock (children,
+claimer), which the main loop holds except while it waits in select() or
+for a statement's reply (Session.run), so the lane never sees a half-made
+change and its claim and hand-out are one step to the loop (a reconcile
+that reads the running jobs meanwhile finds the job already held).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, List, Optional, Set
+
+import psycopg2
+import psycopg2.extensions
+
+from .db import close_quietly, connect, first_line
+from .notifier import URGENT_CHANNEL
+from .sql import QUERIES
+
+log = logging.getLogger(__name__)
+
+RECONNECT_EVERY_S = 1.0
+
+# (names of queues with new priority-1 jobs, db): claims and hands them out,
+# called with the state lock held (Claimer.rush_now).
+Rush = Callable[[Set[str], Callable[[str, Callable[[Any], Any]], Any]], int]
+
+
+class StateLock:
+    """The supervisor's state lock: the main loop holds it through a tick
+    and gives it up while it waits (select(), a statement's reply)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: Optional[int] = None
+
+    def __enter__(self) -> "StateLock":
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._owner = None
+        self._lock.release()
+
+    @contextmanager
+    def released(self) -> Iterator[None]:
+        """Give the lock up for the block if this thread holds it (a test
+        driving the supervisor's parts without its loop holds nothing)."""
+        if self._owner != threading.get_ident():
+            yield
+            return
+        self.__exit__()
+        try:
+            yield
+        finally:
+            self.__enter__()
+
+
+class UrgentLane:
+    def __init__(self, url: str, state_lock: StateLock, rush: Rush,
+                 may_claim: Callable[[], bool], on_handed_out: Callable[[], None]) -> None:
+        self.url = url
+        self.state_lock = state_lock
+        self.rush = rush
+        self.may_claim = may_claim            # the supervisor runs and its main session is up
+        self.on_handed_out = on_handed_out    # wakes the main loop (a child's outbox may wait)
+        self.conn: Optional[psycopg2.extensions.connection] = None
+        self.rushes = 0                       # claims the lane made (stats)
+        self._wake_r, self._wake_w = os.pipe()
+        self._stopping = False
+        self._thread: Optional[threading.Thread] = None
+        self._down_since: Optional[float] = None
+        self._failed: Optional[BaseException] = None   # by a claim, under the lock: drop the session after
+
+    @property
+    def connected(self) -> bool:
+        conn = self.conn
+        return conn is not None and not conn.closed
+
+    def inherited_fds(self) -> "tuple[List[int], List[int]]":
+        """(fds a new child closes, database sockets it neutralizes); read
+        under the state lock, which a session is published and dropped under."""
+        conn = self.conn
+        sockets = [conn.fileno()] if conn is not None and not conn.closed else []
+        return [self._wake_r, self._wake_w], sockets
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="awa-pool-urgent", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread; call without holding the state lock."""
+        self._stopping = True
+        os.write(self._wake_w, b"x")
+        if self._thread is not None:
+            self._thread.join(timeout)
+        with self.state_lock:
+            conn, self.conn = self.conn, None
+        close_quietly(conn)
+        if self._thread is None or not self._thread.is_alive():
+            for fd in (self._wake_r, self._wake_w):
+                os.close(fd)
+
+    def _run(self) -> None:
+        while not self._stopping:
+            if not self.connected and not self._open():
+                self._pause(RECONNECT_EVERY_S)
+                continue
+            assert self.conn is not None
+            ready, _, _ = select.select([self.conn, self._wake_r], [], [])
+            if self._stopping:
+                return
+            try:
+                self.conn.poll()
+                names = {note.payload for note in self.conn.notifies if note.channel == URGENT_CHANNEL}
+                self.conn.notifies.clear()
+            except psycopg2.Error as exc:
+                self._drop(exc, "listening on awa_urgent")
+                continue
+            if names:
+                self._claim(names)
+            if self._failed is not None:
+                self._drop(self._failed, "claiming")
+
+    def _claim(self, names: Set[str]) -> None:
+        with self.state_lock:
+            if not self.may_claim():
+                return
+            handed = self.rush(names, self._db)
+        if handed:
+            self.rushes += 1
+            self.on_handed_out()
+
+    def _db(self, what: str, fn: Callable[[Any], Any]) -> Any:
+        """The claimer's "run fn(cursor), or log and return None", on this
+        lane's session. A failure closes it; the next pass reconnects."""
+        conn = self.conn
+        if conn is None or conn.closed or self._failed is not None:
+            return None
+        try:
+            with conn.cursor() as cur:
+                return fn(cur)
+        except psycopg2.Error as exc:
+            self._failed = exc
+            return None
+
+    def _open(self) -> bool:
+        conn = None
+        try:
+            conn = connect(self.url, autocommit=True, connect_timeout=5)
+            with conn.cursor() as cur:   # a direct session, as the LISTEN one: session settings hold
+                cur.execute(QUERIES["worker_session"])
+                cur.execute(QUERIES["listen_urgent"])
+        except Exception as exc:  # DatabaseUnavailable, ConfigError, psycopg2.Error
+            close_quietly(conn)
+            if self._down_since is None:
+                self._down_since = time.monotonic()
+                log.warning("the urgent lane cannot reach the database (%s); priority-1 jobs are "
+                            "claimed by the main loop until it can", first_line(exc))
+            return False
+        with self.state_lock:  # published under the lock: a child forked from now on neutralizes it
+            self.conn = conn
+        if self._down_since is not None:
+            log.info("the urgent lane is back after %.1fs", time.monotonic() - self._down_since)
+            self._down_since = None
+        return True
+
+    def _drop(self, exc: BaseException, what: str) -> None:
+        self._failed = None
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            log.warning("the urgent lane lost its session while %s (%s); reconnecting", what, first_line(exc))
+        with self.state_lock:  # unpublished under the lock: its fd number may be reused once closed
+            conn, self.conn = self.conn, None
+        close_quietly(conn)
+
+    def _pause(self, seconds: float) -> None:
+        select.select([self._wake_r], [], [], seconds)
