@@ -23,6 +23,10 @@ EWMA_ALPHA = 0.2
 TURN_JOB_FLOOR_S = 0.0001    # a job costs a turn at least this much of a child's time (its dispatch)
 LOOK_FROM_START_EVERY_S = 0.5  # a backlog's claims use a cursor; one claim this often does not
 RUSH_EVERY_S = 0.005         # at most one early claim of urgent jobs per queue this often
+# A rush claim's cursor: priority 1 from the start, the other levels past
+# their end (it claims nothing else: a job another supervisor took first
+# leaves it empty-handed, not holding a backlog job it has no use for).
+URGENT_ONLY: fetcher.Cursor = {level: (float("inf"), 0) for level in (2, 3, 4)}
 
 # The supervisor's "run fn(cursor), or log and return None" (Supervisor._db).
 Db = Callable[[str, Callable[[Any], Any]], Any]
@@ -215,12 +219,7 @@ class Claimer:
             if not kids:
                 continue  # idle children take it through the plan; busy ones hold only as urgent jobs
             self.rushed_at[name] = now
-            lane = self._lane(name)
-            # Priority 1 from the start (a job enqueued with a past run_at
-            # sorts behind the cursor); the other levels past it, as the
-            # backlog's claims go.
-            after = {p: mark for p, mark in self.cursors.get((name, lane), {}).items() if p != 1}
-            jobs = self._claim_statement(name, lane, len(kids), after, rush=True, db=db)
+            jobs = self._claim_statement(name, self._lane(name), len(kids), URGENT_ONLY, rush=True, db=db)
             if jobs is None:
                 return handed
             self._count_claimed(name, jobs)

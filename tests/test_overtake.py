@@ -320,3 +320,19 @@ def test_the_urgent_lane_comes_back_after_its_session_is_terminated(loopless_sup
     assert [job_id for job_id, _ in gates.starts()] == [a_id, urgent_id, b_id, c_id]
     assert sup.completer.drain(10), "the completer did not write its outcomes"
     assert all(job_row(dsn, job_id)["state"] == "completed" for job_id in (a_id, b_id, c_id, urgent_id))
+
+
+def test_a_rush_claim_takes_priority_1_jobs_only(loopless_supervisor, dsn) -> None:
+    """What a rush claims (URGENT_ONLY): the priority-1 jobs, even one
+    enqueued with a past run_at, and nothing of the other levels, so a
+    supervisor beaten to the urgent job takes no backlog job it did not ask for."""
+    from awa_pool.claimer import URGENT_ONLY
+
+    sup = loopless_supervisor
+    past = datetime.now(timezone.utc) - timedelta(hours=1)
+    ids = enqueue_jobs(dsn, [Job("noop", {}, queue="gates", priority=p) for p in (2, 3, 4)]
+                       + [Job("noop", {}, queue="gates", priority=1, run_at=past)])
+    got = sup.claimer._claim_statement("gates", 0, 4, URGENT_ONLY, rush=True)
+    assert [job.id for job in got] == [ids[3]]
+    assert sup.claimer._claim_statement("gates", 0, 4, URGENT_ONLY, rush=True) == []
+    assert [job_row(dsn, job_id)["state"] for job_id in ids[:3]] == ["available"] * 3
