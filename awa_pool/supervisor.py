@@ -126,14 +126,13 @@ class Supervisor:
                                  Maintenance(services), stale_after_s=self.config.heartbeat_staleness)
             self.leader.start()
         self.state = RUNNING
-        self._start_lane()
         log.info("supervisor %d started: %d children, queues %s, database %s", self.supervisor_id,
                  self.config.workers, ", ".join(sorted(self.queues)), describe(self.config.dsn))
         self._event("started", {"supervisor_id": self.supervisor_id})
 
     def _start_lane(self) -> None:
-        if not self.session.listen_ok:
-            return  # no LISTEN on this path: nothing would wake the lane
+        """Open the urgent lane (its session is a fifth connection: only a
+        supervisor that has heard of a priority-1 job pays for it)."""
         self.lane = UrgentLane(self.config.session_dsn or self.config.dsn, self.state_lock,
                                rush=self.claimer.rush_now, may_claim=self._may_claim,
                                on_handed_out=self.signals.wake)
@@ -444,8 +443,10 @@ class Supervisor:
             self.session.lost(exc)
             return
         self.claimer.wake(notes.queues)
-        if self.lane is None or not self.lane.connected:
-            self.claimer.rush(notes.urgent)  # the lane's session is down: the next hand-out claims them
+        if notes.urgent and (self.lane is None or not self.lane.connected):
+            self.claimer.rush(notes.urgent)  # no lane session (yet): the next hand-out claims them
+            if self.lane is None:
+                self._start_lane()
         if notes.cancels:
             self.cancels.on_notified(notes.cancels, time.monotonic())
 

@@ -118,6 +118,8 @@ class Observer(threading.Thread):
 def session_name(query: str) -> str:
     """Which of a supervisor's sessions this is, judged by its last query."""
     text = query.lstrip()
+    if text.startswith("LISTEN awa_urgent"):
+        return "urgent lane"
     if text.startswith("LISTEN"):
         return "notifier"
     if "complete_jobs" in text or "settle_jobs" in text or "write_progress" in text or text.startswith("SET synchronous"):
@@ -301,7 +303,7 @@ class FaultInjector:
             if not (row and row[0]):
                 return None
             sessions = backends_by_supervisor(cur, fleet, port).get(inc.pid, [])
-            if not any(query.startswith("LISTEN") for _, query in sessions):
+            if not any(session_name(query) == "notifier" for _, query in sessions):
                 return None
             fault.until = time.time()  # its sessions, and with them its liveness lock, are back
             return "recovered"
@@ -334,7 +336,7 @@ class FaultInjector:
                 return None
             sessions = backends_by_supervisor(cur, fleet, port)
             listening = [inc for inc in active
-                         if any(query.startswith("LISTEN") for _, query in sessions.get(inc.pid, []))]
+                         if any(session_name(query) == "notifier" for _, query in sessions.get(inc.pid, []))]
             return "recovered" if len(listening) == len(active) else None
 
         self.observer.add(Probe("server_restart", began, check, fault.detail))

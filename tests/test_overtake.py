@@ -184,10 +184,12 @@ def test_a_new_priority_1_job_is_claimed_at_once_and_runs_next(loopless_supervis
     (d_id,) = enqueue_jobs(dsn, [gates.job(priority=2)])
     wait_for(notified, timeout=10, message="the notification of the priority-2 job")
     assert sup.claimer.rushing == set(), "a priority-2 job is no reason to claim early"
+    assert sup.lane is None, "the urgent lane opens its session for the first priority-1 job"
 
     (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
     wait_for(lambda: notified() and sup.claimer.rushing, timeout=10,
              message="the notification of the priority-1 job on awa_urgent")
+    assert sup.lane is not None, "the first priority-1 job opens the urgent lane"
     claims = sup.claimer.claims
     sup.claimer.hand_out()   # the loop's dispatch; no child has asked for a refill
     assert sup.claimer.claims == claims + 1
@@ -206,7 +208,6 @@ def _start_lane(sup: Supervisor) -> None:
     loop holds the state lock when it touches the supervisor's parts)."""
     sup.state = "running"
     sup._start_lane()
-    assert sup.lane is not None
     wait_for(lambda: sup.lane.connected, timeout=10, message="the urgent lane's session")
 
 
