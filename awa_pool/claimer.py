@@ -203,8 +203,8 @@ class Claimer:
 
     def _rush(self, now: float, db: Optional[Db] = None) -> int:
         """Claim one job for each child holding queued jobs less urgent than
-        a new priority-1 job of its queue; the claim takes the most urgent
-        first, and assign() lets it overtake. At most one such claim per
+        a new priority-1 job of its queue, or asking for a refill; the claim
+        takes priority-1 jobs only, and assign() lets them overtake. At most one such claim per
         queue every RUSH_EVERY_S: one that arrives sooner is claimed by the
         next refill, as without this. Returns how many children got one."""
         rushing, self.rushing = self.rushing, set()
@@ -214,10 +214,15 @@ class Claimer:
             if name in blocked or now - self.rushed_at.get(name, -RUSH_EVERY_S) < RUSH_EVERY_S:
                 continue
             urgency = self._urgency(name)
+            # Children holding less urgent jobs queued, and those asking for
+            # a next batch (short jobs: the urgent one runs after the job
+            # running now). Not one running a long job with nothing queued:
+            # the urgent job waits for the first child to free up instead.
+            short = self.job_seconds.get(name, 1.0) < PREFETCH_BELOW_S   # as _refill judges it
             kids = [child for child in self.children.serving(name)
-                    if self.children.holds_less_urgent(child, 1, urgency)]
+                    if (short and child.refill_wanted) or self.children.holds_less_urgent(child, 1, urgency)]
             if not kids:
-                continue  # idle children take it through the plan; busy ones hold only as urgent jobs
+                continue  # idle children take it through the plan
             self.rushed_at[name] = now
             jobs = self._claim_statement(name, self._lane(name), len(kids), URGENT_ONLY, rush=True, db=db)
             if jobs is None:

@@ -6,6 +6,7 @@ claimed with, and a child killed mid-way loses none."""
 from __future__ import annotations
 
 import signal
+import time
 from datetime import datetime, timedelta, timezone
 
 from awa_pool import Job, fetcher
@@ -337,3 +338,32 @@ def test_a_rush_claim_takes_priority_1_jobs_only(loopless_supervisor, dsn) -> No
     assert [job.id for job in got] == [ids[3]]
     assert sup.claimer._claim_statement("gates", 0, 4, URGENT_ONLY, rush=True) == []
     assert [job_row(dsn, job_id)["state"] for job_id in ids[:3]] == ["available"] * 3
+
+
+def test_a_rush_serves_a_child_asking_for_a_refill_of_short_jobs_only(loopless_supervisor, dsn, tmp_path) -> None:
+    """A child running its last queued job asks for a refill: with short
+    jobs, a new priority-1 job goes to it at once and runs after the job
+    running now; with long ones it waits for the first child to free up."""
+    sup = loopless_supervisor
+    gates = _Gates(tmp_path)
+    (a_id,) = enqueue_jobs(dsn, [gates.job(held=True, priority=2)])
+    child, pump = _ready_child(sup)
+    sup.children.assign(child, "gates", _claim(sup, 1), sup.claimer._urgency("gates"))
+    wait_for(lambda: pump() and child.running_job()[0] == a_id and child.refill_wanted, timeout=30,
+             message="job A to start and its child to ask for a refill")
+    (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
+
+    sup.claimer.record_job_time("gates", 5.0)   # long jobs: no early claim
+    sup.claimer.rush(["gates"])
+    assert sup.claimer._rush(time.monotonic()) == 0 and len(child.inflight) == 1
+
+    sup.claimer.record_job_time("gates", 0.001)   # short ones (the average moves slowly)
+    for _ in range(60):
+        sup.claimer.record_job_time("gates", 0.001)
+    sup.claimer.rushed_at.clear()
+    sup.claimer.rush(["gates"])
+    assert sup.claimer._rush(time.monotonic()) == 1
+    assert [job.id for job in child.inflight] == [a_id, urgent_id]
+    gates.held.touch()
+    wait_for(lambda: pump() and not child.inflight, timeout=30, message="every job to be reported")
+    assert [job_id for job_id, _ in gates.starts()] == [a_id, urgent_id]
