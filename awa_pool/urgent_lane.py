@@ -32,6 +32,7 @@ from .sql import QUERIES
 log = logging.getLogger(__name__)
 
 RECONNECT_EVERY_S = 1.0
+HANDOFF_WAIT_S = 0.1   # at most this long a statement of the loop waits for the lane's claim
 
 # (names of queues with new priority-1 jobs, db): claims and hands them out,
 # called with the state lock held (Claimer.rush_now).
@@ -40,11 +41,16 @@ Rush = Callable[[Set[str], Callable[[str, Callable[[Any], Any]], Any]], int]
 
 class StateLock:
     """The supervisor's state lock: the main loop holds it through a tick
-    and gives it up while it waits (select(), a statement's reply)."""
+    and gives it up while it waits (select(), a statement's reply). An
+    urgent taker (the lane, `first()`) goes before the loop's next
+    statement: otherwise the loop's claim, sent the moment it lets go,
+    would take the urgent job into a batch that takes milliseconds."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._owner: Optional[int] = None
+        self._turns = threading.Condition()
+        self._urgent = 0   # urgent takers waiting for the lock or holding it
 
     def __enter__(self) -> "StateLock":
         self._lock.acquire()
@@ -56,14 +62,31 @@ class StateLock:
         self._lock.release()
 
     @contextmanager
+    def first(self) -> Iterator[None]:
+        """Hold the lock, ahead of the loop's next statement."""
+        with self._turns:
+            self._urgent += 1
+        try:
+            with self:
+                yield
+        finally:
+            with self._turns:
+                self._urgent -= 1
+                self._turns.notify_all()
+
+    @contextmanager
     def released(self) -> Iterator[None]:
         """Give the lock up for the block if this thread holds it (a test
-        driving the supervisor's parts without its loop holds nothing)."""
+        driving the supervisor's parts without its loop holds nothing);
+        while an urgent taker waits, the block waits for it to finish."""
         if self._owner != threading.get_ident():
             yield
             return
         self.__exit__()
         try:
+            if self._urgent:
+                with self._turns:
+                    self._turns.wait_for(lambda: not self._urgent, timeout=HANDOFF_WAIT_S)
             yield
         finally:
             self.__enter__()
@@ -136,7 +159,7 @@ class UrgentLane:
                 self._drop(self._failed, "claiming")
 
     def _claim(self, names: Set[str]) -> None:
-        with self.state_lock:
+        with self.state_lock.first():
             if not self.may_claim():
                 return
             handed = self.rush(names, self._db)

@@ -367,3 +367,31 @@ def test_a_rush_serves_a_child_asking_for_a_refill_of_short_jobs_only(loopless_s
     gates.held.touch()
     wait_for(lambda: pump() and not child.inflight, timeout=30, message="every job to be reported")
     assert [job_id for job_id, _ in gates.starts()] == [a_id, urgent_id]
+
+
+def test_the_state_lock_lets_the_lane_go_before_the_loops_next_statement() -> None:
+    """The lane waiting for the lock claims before the statement the loop
+    lets go of it for: that statement (most likely a claim of a full batch)
+    would otherwise take the urgent job first."""
+    import threading
+
+    from awa_pool.urgent_lane import StateLock
+
+    lock, order = StateLock(), []
+
+    def lane() -> None:
+        with lock.first():
+            order.append("lane")
+
+    with lock:
+        thread = threading.Thread(target=lane)
+        thread.start()
+        wait_for(lambda: lock._urgent == 1, timeout=5, message="the lane to wait for the lock")
+        order.append("loop")
+        with lock.released():
+            order.append("statement")
+        order.append("loop again")
+    thread.join(5)
+    assert order == ["loop", "lane", "statement", "loop again"]
+    with lock.released():   # not held by this thread: a no-op
+        order.append("outside")
