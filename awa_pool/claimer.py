@@ -202,9 +202,10 @@ class Claimer:
         return self._rush(time.monotonic(), db)
 
     def _rush(self, now: float, db: Optional[Db] = None) -> int:
-        """Claim one job for each child holding queued jobs less urgent than
-        a new priority-1 job of its queue, or asking for a refill; the claim
-        takes priority-1 jobs only, and assign() lets them overtake. At most one such claim per
+        """Claim one job for each idle child, and each child holding queued
+        jobs less urgent than a new priority-1 job of its queue or asking
+        for a refill; the claim takes priority-1 jobs only, and assign()
+        lets them overtake. At most one such claim per
         queue every RUSH_EVERY_S: one that arrives sooner is claimed by the
         next refill, as without this. Returns how many children got one."""
         rushing, self.rushing = self.rushing, set()
@@ -214,15 +215,17 @@ class Claimer:
             if name in blocked or now - self.rushed_at.get(name, -RUSH_EVERY_S) < RUSH_EVERY_S:
                 continue
             urgency = self._urgency(name)
-            # Children holding less urgent jobs queued, and those asking for
-            # a next batch (short jobs: the urgent one runs after the job
-            # running now). Not one running a long job with nothing queued:
-            # the urgent job waits for the first child to free up instead.
+            # Idle children first (the queue's max allowing), then those
+            # holding less urgent jobs queued, and those asking for a next
+            # batch of short jobs (the urgent one runs after the job running
+            # now). Not one running a long job with nothing queued: the
+            # urgent job waits for the first child to free up instead.
             short = self.job_seconds.get(name, 1.0) < PREFETCH_BELOW_S   # as _refill judges it
-            kids = [child for child in self.children.serving(name)
-                    if (short and child.refill_wanted) or self.children.holds_less_urgent(child, 1, urgency)]
+            kids = self.children.idle()[:self._room(name)] + [
+                child for child in self.children.serving(name)
+                if (short and child.refill_wanted) or self.children.holds_less_urgent(child, 1, urgency)]
             if not kids:
-                continue  # idle children take it through the plan
+                continue
             self.rushed_at[name] = now
             jobs = self._claim_statement(name, self._lane(name), len(kids), URGENT_ONLY, rush=True, db=db)
             if jobs is None:
@@ -232,6 +235,11 @@ class Claimer:
                 self.children.assign(child, name, [job], urgency)
                 handed += 1
         return handed
+
+    def _room(self, name: str) -> int:
+        """How many more children the queue may have (its max)."""
+        cap = self.queues[name].max
+        return self.config.workers if cap is None else max(0, cap - self.children.busy_by_queue().get(name, 0))
 
     def _refill(self, now: float) -> None:
         wanting = self.children.wanting_refill()

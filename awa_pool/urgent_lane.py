@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -32,11 +33,27 @@ from .sql import QUERIES
 log = logging.getLogger(__name__)
 
 RECONNECT_EVERY_S = 1.0
+# While the lane runs, a thread waiting for the GIL asks the one holding it
+# to let go after this long (Python's default is 5 ms): the lane's wake-up
+# must not wait for the loop's Python work between two statements. Forked
+# children get the program's interval back.
+SWITCH_INTERVAL_S = 0.0002
+_app_switch_interval: Optional[float] = None
 HANDOFF_WAIT_S = 0.1   # at most this long a statement of the loop waits for the lane's claim
 
 # (names of queues with new priority-1 jobs, db): claims and hands them out,
 # called with the state lock held (Claimer.rush_now).
 Rush = Callable[[Set[str], Callable[[str, Callable[[Any], Any]], Any]], int]
+
+
+def _give_back_switch_interval() -> None:
+    global _app_switch_interval
+    if _app_switch_interval is not None:
+        sys.setswitchinterval(_app_switch_interval)
+        _app_switch_interval = None
+
+
+os.register_at_fork(after_in_child=_give_back_switch_interval)
 
 
 class StateLock:
@@ -121,6 +138,10 @@ class UrgentLane:
         return [self._wake_r, self._wake_w], sockets
 
     def start(self) -> None:
+        global _app_switch_interval
+        if _app_switch_interval is None:
+            _app_switch_interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(_app_switch_interval, SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self._run, name="awa-pool-urgent", daemon=True)
         self._thread.start()
 
@@ -130,6 +151,7 @@ class UrgentLane:
         os.write(self._wake_w, b"x")
         if self._thread is not None:
             self._thread.join(timeout)
+        _give_back_switch_interval()
         with self.state_lock:
             conn, self.conn = self.conn, None
         close_quietly(conn)

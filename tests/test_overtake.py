@@ -5,9 +5,12 @@ job running now. Every job still runs exactly once, under the lease it was
 claimed with, and a child killed mid-way loses none."""
 from __future__ import annotations
 
+import os
 import signal
 import time
 from datetime import datetime, timedelta, timezone
+
+import pytest
 
 from awa_pool import Job, fetcher
 from awa_pool.supervisor import Supervisor
@@ -395,3 +398,39 @@ def test_the_state_lock_lets_the_lane_go_before_the_loops_next_statement() -> No
     assert order == ["loop", "lane", "statement", "loop again"]
     with lock.released():   # not held by this thread: a no-op
         order.append("outside")
+
+
+def test_a_rush_gives_an_idle_child_the_urgent_job_and_the_lane_its_switch_interval(
+        loopless_supervisor, dsn, tmp_path) -> None:
+    """An idle child takes the new priority-1 job at once (not after the
+    loop's next plan and claim). While the lane runs, the supervisor's GIL
+    switch interval is short; a forked child and the stopped lane give the
+    program's back."""
+    import sys
+
+    from awa_pool import urgent_lane
+
+    sup = loopless_supervisor
+    gates = _Gates(tmp_path)
+    child, pump = _ready_child(sup)
+    before = sys.getswitchinterval()
+    _start_lane(sup)
+    assert sys.getswitchinterval() == pytest.approx(min(before, urgent_lane.SWITCH_INTERVAL_S))
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a forked child, as the supervisor's are
+        os.write(write_end, repr(sys.getswitchinterval()).encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert float(os.read(read_end, 64)) == pytest.approx(before)
+    os.close(read_end)
+    os.close(write_end)
+    other = sup.children.spawn(1)   # not ready yet, so not idle
+    (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
+    wait_for(lambda: [job.id for job in list(child.inflight) + list(other.inflight)] == [urgent_id],
+             timeout=10, message="the lane to hand the job to an idle child")
+    sup.lane.stop()
+    sup.lane = None
+    assert sys.getswitchinterval() == pytest.approx(before)
+    wait_for(lambda: pump() and not child.inflight, timeout=30, message="the job to be reported")
+    assert [job_id for job_id, _ in gates.starts()] == [urgent_id]
