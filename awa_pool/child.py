@@ -209,6 +209,8 @@ def _run_batch(jobs: List[ClaimedJob], first_position: int, channel: PipeChannel
                 job.id, first_position + index, time.monotonic()):
             # cancelled, or taken back by the supervisor, before it started
             reporter.pending.append(Outcome(job.id, job.lease, "released"))
+            if index == low_at:
+                reporter.flush()  # no LOW to carry what waited for it
             continue
         if index == low_at and index > 0:
             reporter.flush((LOW,))
@@ -216,7 +218,10 @@ def _run_batch(jobs: List[ClaimedJob], first_position: int, channel: PipeChannel
         status.clear_running()
         channel.last_progress.pop(job.id, None)
         reporter.pending.append(outcome)
-        if time.monotonic() - reporter.last_flush >= FLUSH_AFTER_S and index < len(jobs) - 1:
+        # The outcome just before the LOW goes with it, at the next job's
+        # start: one write, one wake-up of the supervisor for both.
+        if (time.monotonic() - reporter.last_flush >= FLUSH_AFTER_S and index < len(jobs) - 1
+                and index + 1 != low_at):
             reporter.flush()
     if not _next_batch_waiting(channel):
         reporter.flush()
