@@ -242,10 +242,12 @@ class BackgroundCompleter:
         self.thread = threading.Thread(target=self._run, name="awa-pool-completer", daemon=True)
         self.thread.start()
 
-    def add(self, outcomes: Iterable[Outcome], more_coming: bool = False) -> None:
+    def add(self, outcomes: Iterable[Outcome], more_coming: bool = False, wake: bool = True) -> None:
         """Buffer outcomes for the next flush: one lock and one wake-up for
         all of them (a child reports a batch at a time). `more_coming`: jobs
-        are still running, so a small flush may wait for their outcomes."""
+        are still running, so a small flush may wait for their outcomes.
+        `wake=False`: the caller calls nudge() soon (after a claim that may
+        carry them, so the thread is not woken for nothing)."""
         now = time.monotonic()
         added = 0
         with self.lock:
@@ -259,7 +261,14 @@ class BackgroundCompleter:
                     self.gap_s = gap if self.gap_s is None else self.gap_s + 0.2 * (gap - self.gap_s)
                 self.last_add_at = now
                 self.more_coming = more_coming
-        if added:
+        if added and wake:
+            self.wakeup.set()
+
+    def nudge(self) -> None:
+        """Wake the thread for what add(wake=False) left in the buffer."""
+        with self.lock:
+            waiting = bool(self.buffer.pending)
+        if waiting:
             self.wakeup.set()
 
     def add_progress(self, job_id: int, lease: int, progress_json: str) -> None:
