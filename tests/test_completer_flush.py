@@ -237,3 +237,19 @@ def test_a_claim_that_fails_writes_none_of_its_riders_and_gives_them_back(auto, 
         assert completer.flushes == 1
     finally:
         completer.stop()
+
+
+def test_outcomes_added_without_a_wake_up_wait_for_nudge() -> None:
+    """The supervisor adds a child's outcomes with wake=False and nudges the
+    thread after its claims: woken only if no claim carried them (lend)."""
+    completer = BackgroundCompleter("postgresql:///unused", max_crashes=3)  # never started
+    completer.add([Outcome(1, 1, "completed")], more_coming=True, wake=False)
+    assert not completer.wakeup.is_set()
+    assert [o.job_id for o in completer.lend()] == [1]
+    completer.nudge()
+    assert not completer.wakeup.is_set()     # a claim carries it: nothing to wake for
+    completer.repay(written=True)
+    completer.add([Outcome(2, 1, "completed", result='{"n": 1}')], more_coming=True, wake=False)
+    assert completer.lend() == []            # a result does not ride
+    completer.nudge()
+    assert completer.wakeup.is_set()
