@@ -200,10 +200,8 @@ def _next_batch_waiting(channel: PipeChannel) -> bool:
 def _run_batch(jobs: List[ClaimedJob], first_position: int, channel: PipeChannel, status: StatusBlock,
                reporter: Reporter, result_max_bytes: int) -> None:
     low_at = len(jobs) // 2  # tell the supervisor when half the batch has started
-    if low_at == 0:
-        reporter.flush((LOW,))  # with the previous batch's last outcomes, if they waited
-    else:
-        reporter.flush()
+    if low_at > 0:
+        reporter.flush()  # the previous batch's last outcomes, if they waited (else with the LOW)
     for index, job in enumerate(jobs):
         if status.cancel_requested_for(job.id) or not status.start(
                 job.id, first_position + index, time.monotonic()):
@@ -212,7 +210,9 @@ def _run_batch(jobs: List[ClaimedJob], first_position: int, channel: PipeChannel
             if index == low_at:
                 reporter.flush()  # no LOW to carry what waited for it
             continue
-        if index == low_at and index > 0:
+        if index == low_at:
+            # after the start: the supervisor counts the jobs not started by
+            # the StatusBlock, and one that asks with none left is refilled
             reporter.flush((LOW,))
         outcome = run_job(job, channel, result_max_bytes=result_max_bytes)
         status.clear_running()
