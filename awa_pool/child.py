@@ -200,23 +200,28 @@ def _next_batch_waiting(channel: PipeChannel) -> bool:
 def _run_batch(jobs: List[ClaimedJob], first_position: int, channel: PipeChannel, status: StatusBlock,
                reporter: Reporter, result_max_bytes: int) -> None:
     low_at = len(jobs) // 2  # tell the supervisor when half the batch has started
-    if low_at == 0:
-        reporter.flush((LOW,))  # with the previous batch's last outcomes, if they waited
-    else:
-        reporter.flush()
+    if low_at > 0:
+        reporter.flush()  # the previous batch's last outcomes, if they waited (else with the LOW)
     for index, job in enumerate(jobs):
         if status.cancel_requested_for(job.id) or not status.start(
                 job.id, first_position + index, time.monotonic()):
             # cancelled, or taken back by the supervisor, before it started
             reporter.pending.append(Outcome(job.id, job.lease, "released"))
+            if index == low_at:
+                reporter.flush()  # no LOW to carry what waited for it
             continue
-        if index == low_at and index > 0:
+        if index == low_at:
+            # after the start: the supervisor counts the jobs not started by
+            # the StatusBlock, and one that asks with none left is refilled
             reporter.flush((LOW,))
         outcome = run_job(job, channel, result_max_bytes=result_max_bytes)
         status.clear_running()
         channel.last_progress.pop(job.id, None)
         reporter.pending.append(outcome)
-        if time.monotonic() - reporter.last_flush >= FLUSH_AFTER_S and index < len(jobs) - 1:
+        # The outcome just before the LOW goes with it, at the next job's
+        # start: one write, one wake-up of the supervisor for both.
+        if (time.monotonic() - reporter.last_flush >= FLUSH_AFTER_S and index < len(jobs) - 1
+                and index + 1 != low_at):
             reporter.flush()
     if not _next_batch_waiting(channel):
         reporter.flush()

@@ -223,10 +223,20 @@ class Children:
         """Children half-way through a batch that may take a next one, by queue."""
         wanting: Dict[str, List[ChildHandle]] = {}
         for child in self.by_slot.values():
-            if (child.refill_wanted and child.inflight and not child.stopping and child.kill_reason is None
-                    and child.tasks_left > 0 and self._recycle_reason(child) is None):
+            if child.refill_wanted and self.refillable(child):
                 wanting.setdefault(child.inflight[-1].queue, []).append(child)
         return wanting
+
+    def refillable(self, child: ChildHandle) -> bool:
+        """Busy, and may take more jobs behind those it holds."""
+        return bool(child.inflight and not child.stopping and child.kill_reason is None
+                    and child.tasks_left > 0 and self._recycle_reason(child) is None)
+
+    @staticmethod
+    def unstarted(child: ChildHandle) -> int:
+        """How many of the jobs the child holds it has not started yet."""
+        last = child.status.last_started()
+        return sum(1 for job in child.inflight if job.position > last)
 
     def _post(self, child: ChildHandle, *messages: tuple) -> bool:
         """Send messages to a child without ever blocking on it (what its

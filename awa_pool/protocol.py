@@ -284,6 +284,10 @@ class StatusBlock:
     def running(self) -> Tuple[int, float]:
         return self._WORD.unpack_from(self.memory, 0)[0], self._STARTED.unpack_from(self.memory, 8)[0]
 
+    def last_started(self) -> int:
+        """The stream position of the last job the child started (-1: none yet)."""
+        return self._WORD.unpack_from(self.memory, 40)[0]
+
     def take_back(self, first: int, end: int, timeout: float = 0.05) -> Optional[int]:
         """Take back the not-yet-started positions from `first` to `end`:
         returns the first position taken back (jobs from there on will be

@@ -95,6 +95,7 @@ class Supervisor:
         self.on_outcome: Optional[Callable[[Finished], None]] = None
         self.on_event: Optional[Callable[[str, Dict[str, Any]], None]] = None
         self.counters: Dict[str, int] = {}
+        self.nudge_completer = False
 
     # -- start-up ------------------------------------------------------------
     def run(self) -> int:
@@ -228,6 +229,9 @@ class Supervisor:
         connected = self.session.connected
         if self.state == RUNNING and connected:
             self.claimer.hand_out()
+        if self.nudge_completer:  # what no claim carried just now
+            self.nudge_completer = False
+            self.completer.nudge()
         if now >= self.next_heartbeat and connected:
             self._heartbeat(now)
         if now >= self.next_settings and connected:
@@ -274,7 +278,9 @@ class Supervisor:
             return
         outcomes, others = self.children.read(child)
         if outcomes:
-            self._record_outcomes(outcomes)
+            # the completer is woken after this tick's claims, which may carry them
+            self._record_outcomes(outcomes, wake=False)
+            self.nudge_completer = True
         for message in others:
             if message[0] == PROGRESS:
                 self.completer.add_progress(message[1], message[2], message[3])
@@ -287,8 +293,9 @@ class Supervisor:
                 self._count("recycled")
                 self._event("recycle", {"pid": child.pid, "reason": reason})
 
-    def _record_outcomes(self, outcomes: List[Finished]) -> None:
-        self.completer.add([finished.outcome for finished in outcomes], more_coming=self.children.any_busy())
+    def _record_outcomes(self, outcomes: List[Finished], wake: bool = True) -> None:
+        self.completer.add([finished.outcome for finished in outcomes], more_coming=self.children.any_busy(),
+                           wake=wake)
         for finished in outcomes:
             outcome, job = finished.outcome, finished.job
             if job and outcome.outcome in ("completed", "failed", "retry", "snooze", "cancel"):

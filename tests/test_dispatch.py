@@ -355,3 +355,66 @@ def test_the_poll_asks_the_database_which_queues_have_jobs(dsn) -> None:
             assert claimer.with_work == set(names)
     finally:
         conn.close()
+
+
+class _Table:
+    """The children's table as the refill sees it: (unstarted jobs) per child."""
+
+    def __init__(self, unstarted):
+        self.held = dict(unstarted)
+        self.given = {}
+
+    def unstarted(self, child):
+        return self.held[child]
+
+    def serving(self, queue):
+        return list(self.held)
+
+    def refillable(self, child):
+        return True
+
+    def assign(self, child, queue, jobs, urgency=None):
+        self.given[child] = len(jobs)
+
+
+class _Kid:
+    def __init__(self, name):
+        self.name, self.tasks_left = name, 10 ** 9
+
+    def __repr__(self):
+        return self.name
+
+
+def test_a_refill_of_long_jobs_serves_every_child_of_the_queue() -> None:
+    """Jobs of 10 ms and more (a claim costs more than it saves to make it
+    for one child): the child that asked with nothing unstarted gets a batch,
+    the queue's other children what tops them up to a batch of unstarted
+    jobs; one that asked while holding a top-up waits for its own LOW."""
+    a, b, c, d = (_Kid(n) for n in "abcd")
+    table = _Table({a: 0, b: 1, c: 2, d: 1})
+    claimer = Claimer(PoolConfig(dsn="postgresql://unused"), children=table, db=None,
+                      connected=lambda: True, on_claimed=lambda queue, rows: None)
+    claimer.queues = {"q": QueueConfig()}
+    claimer.record_job_time("q", 0.045)
+    assert claimer._depth("q") == 2
+    need, extra = claimer._shared_refill("q", [a, d])
+    assert need == [a] and extra == [(b, 1), (d, 1)]   # c holds a batch already
+    assert claimer._shared_refill("q", [d]) == ([], [])
+
+    claimer._claim = lambda name, want, now, carry=True: [f"job{i}" for i in range(min(want, 3))]
+    claimer._fill("q", need, 0.0, extra=extra)
+    assert table.given == {a: 2, b: 1}   # short claim: the child that asked is served first
+
+
+def test_long_jobs_on_two_children_take_a_claim_per_three_jobs(dsn, pools) -> None:
+    """20 ms jobs on two children: a refill claim serves both children (a
+    claim per two jobs before), every job runs once."""
+    ids = enqueue_jobs(dsn, [Job("sleep", {"seconds": 0.02}) for _ in range(120)])
+    supervisor = pools.start("--queue", "default", workers=2)
+    wait_for(lambda: states(dsn) == {"completed": 120}, timeout=60, message="120 jobs of 20 ms")
+    supervisor.terminate()
+    assert supervisor.wait(timeout=30) == 0
+    (stats,), = query(dsn, "SELECT stats FROM awa.supervisors")
+    assert stats["counters"]["claimed_jobs"] == 120
+    assert stats["counters"]["claims"] <= 0.42 * 120, stats["counters"]
+    assert query(dsn, "SELECT count(*) FROM awa.jobs WHERE id = ANY(%s) AND attempt = 1", (ids,)) == [(120,)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import time
 
 import awa_pool
 from awa_pool.child import child_main
@@ -163,14 +164,21 @@ def _spec(job_id: int) -> ClaimedJob:
                       created_at=0.0, run_at=0.0, progress=None, callback_result=None, batch_id=None)
 
 
-def test_a_batch_s_last_outcome_shares_a_write_with_the_next_batch_s_low():
-    """One job per batch (long jobs): the outcome of each batch but the last
-    goes out with the next batch's LOW, so the supervisor wakes once per job.
-    A SOCK_SEQPACKET socket keeps each write a separate packet."""
+@awa_pool.task("protocol_test_busy")
+def protocol_test_busy(**_):
+    end = time.monotonic() + 0.005   # longer than the child's FLUSH_AFTER_S
+    while time.monotonic() < end:
+        pass
+
+
+def _child_writes(batches: list) -> list:
+    """Run a forked child on these batches, then STOP; returns its writes,
+    each a list of (tag,) or (DONE, [job ids]). A SOCK_SEQPACKET socket
+    keeps each write a separate packet."""
     down_r, down_w = os.pipe()
     up_child, up_parent = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     status = StatusBlock()
-    for message in ((RUN, [_spec(1)]), (RUN, [_spec(2)]), (STOP,)):
+    for message in [(RUN, batch) for batch in batches] + [(STOP,)]:
         send(down_w, message)
     pid = os.fork()
     if pid == 0:
@@ -197,11 +205,31 @@ def test_a_batch_s_last_outcome_shares_a_write_with_the_next_batch_s_low():
     def shape(message: tuple) -> tuple:
         return (message[0], [o.job_id for o in message[1]]) if message[0] == DONE else (message[0],)
 
-    assert [[shape(m) for m in write] for write in writes] == [
+    return [[shape(m) for m in write] for write in writes]
+
+
+def test_a_batch_s_last_outcome_shares_a_write_with_the_next_batch_s_low():
+    """One job per batch (long jobs): the outcome of each batch but the last
+    goes out with the next batch's LOW, so the supervisor wakes once per job."""
+    assert _child_writes([[_spec(1)], [_spec(2)]]) == [
         [(READY,)],
         [(LOW,)],                           # batch 1 starts
         [(DONE, [1]), (LOW,)],              # batch 2 starts: job 1's outcome rides along
         [(DONE, [2])],                      # STOP: what waited goes out
+    ]
+
+
+def test_the_outcome_before_a_batch_s_low_shares_its_write():
+    """Two jobs per batch, each longer than FLUSH_AFTER_S: the first job's
+    outcome waits for the LOW sent as the second starts (one wake-up of the
+    supervisor for both), and the second's goes with the next batch's start."""
+    busy = [_spec(n)._replace(kind="protocol_test_busy") for n in range(1, 5)]
+    assert _child_writes([busy[:2], busy[2:]]) == [
+        [(READY,)],
+        [(DONE, [1]), (LOW,)],              # job 2 starts: half of batch 1 has started
+        [(DONE, [2])],                      # batch 2 starts
+        [(DONE, [3]), (LOW,)],
+        [(DONE, [4])],                      # STOP
     ]
 
 

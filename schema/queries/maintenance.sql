@@ -34,7 +34,12 @@ SELECT pg_terminate_backend(s.leader_pid)
    AND s.heartbeat_at < now() - make_interval(secs => %(stale_s)s)
 
 -- name: promote_due
-SELECT awa.promote_due(%(limit)s)
+-- awa.promote_due is planned afresh on every call (0009), about 0.2 ms of
+-- server CPU four times a second even when nothing is due; one probe of the
+-- due index (its own predicate) first, and the function only when it finds a row.
+SELECT CASE WHEN EXISTS (SELECT 1 FROM awa.jobs_deferred d
+                          WHERE d.state IN ('scheduled', 'retryable') AND d.run_at <= now())
+            THEN awa.promote_due(%(limit)s) ELSE 0 END
 
 -- name: rescue_lost
 SELECT job_id, new_state::text FROM awa.rescue_lost(%(stale_s)s, %(limit)s)
@@ -73,8 +78,12 @@ DELETE FROM awa.supervisors s
 SELECT job_id, new_state::text FROM awa.expire_callbacks(%(limit)s)
 
 -- name: queue_table_dead_tuples
-SELECT relname, n_dead_tup FROM pg_stat_user_tables
- WHERE schemaname = 'awa' AND relname = ANY(%(tables)s)
+-- The counter itself, not pg_stat_user_tables: that view reads every
+-- statistic of every table in the database (partitions included) before
+-- filtering, about 0.3 ms of server CPU each second on the leader.
+SELECT c.relname::text, pg_stat_get_dead_tuples(c.oid)
+  FROM pg_class c
+ WHERE c.relnamespace = 'awa'::regnamespace AND c.relname = ANY(%(tables)s)
 
 -- name: vacuum_jobs_hot
 -- SKIP_LOCKED: never wait behind a lock; a table owner's privilege is
