@@ -44,6 +44,7 @@ def session(url: str):
 
 def one_run(url: str, jobs: int, claim_size: int, flush_size: int) -> Dict[str, float]:
     import awa_pool
+    from awa_pool import fetcher
     from awa_pool.completer import Completer
     from awa_pool.maintenance import VacuumQueueTables
     from awa_pool.protocol import Outcome
@@ -68,12 +69,10 @@ def one_run(url: str, jobs: int, claim_size: int, flush_size: int) -> Dict[str, 
     completed = claims = 0
     pending = []
     while True:
-        claim_cur.execute(QUERIES["claim"], {"queue": "pg_cost", "limit": claim_size, "supervisor": 1,
-                                             "aging": 60.0, "lane": 0, "lease": None})
-        rows = claim_cur.fetchall()
+        rows = fetcher.claim(claim_cur, queue="pg_cost", limit=claim_size, supervisor_id=1, aging_s=60.0)
         claims += 1
-        pending += [Outcome(row[0], row[7], "completed", wall_s=0.000123, cpu_s=0.000101,
-                            peak_rss=12_345_678) for row in rows]
+        pending += [Outcome(job.id, job.lease, "completed", wall_s=0.000123, cpu_s=0.000101,
+                            peak_rss=12_345_678) for job in rows]
         while len(pending) >= flush_size or (pending and not rows):
             for outcome in pending[:flush_size]:
                 completer.add(outcome)
