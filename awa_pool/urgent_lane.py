@@ -165,7 +165,7 @@ class UrgentLane:
                 self._pause(RECONNECT_EVERY_S)
                 continue
             assert self.conn is not None
-            ready, _, _ = select.select([self.conn, self._wake_r], [], [])
+            select.select([self.conn, self._wake_r], [], [])
             if self._stopping:
                 return
             try:
