@@ -28,6 +28,7 @@ SHARED_REFILL_FROM_S = 0.01  # jobs this long: a refill claim also tops up the q
 # their end (it claims nothing else: a job another supervisor took first
 # leaves it empty-handed, not holding a backlog job it has no use for).
 URGENT_ONLY: fetcher.Cursor = {level: (float("inf"), 0) for level in (2, 3, 4)}
+PAST_END = (float("inf"), 0)   # a cursor level no claim finds anything past
 
 # The supervisor's "run fn(cursor), or log and return None" (Supervisor._db).
 Db = Callable[[str, Callable[[Any], Any]], Any]
@@ -58,7 +59,8 @@ class Claimer:
     def __init__(self, config: PoolConfig, children: Children, db: Db,
                  connected: Callable[[], bool], on_claimed: Callable[[str, List[ClaimedJob]], None],
                  held_back: Callable[[], bool] = lambda: False,
-                 completions: Optional[Completions] = None) -> None:
+                 completions: Optional[Completions] = None,
+                 lane_up: Callable[[], bool] = lambda: False) -> None:
         self.config = config
         self.children = children
         self.db = db
@@ -66,6 +68,7 @@ class Claimer:
         self.on_claimed = on_claimed
         self.held_back = held_back   # true while outcomes wait to be written: claim nothing
         self.completions = completions  # successes a claim writes on its way (BackgroundCompleter)
+        self.lane_up = lane_up       # the urgent lane listens: new priority-1 jobs are its to claim
         self.supervisor_id = 0
         self.queues: Dict[str, QueueConfig] = {}
         self.blocked_until: Dict[str, float] = {}
@@ -82,6 +85,9 @@ class Claimer:
         # Queues with new priority-1 jobs (awa_urgent) not yet claimed early.
         self.rushing: Set[str] = set()
         self.rushed_at: Dict[str, float] = {}
+        # Queues where priority-1 jobs may wait that no rush claim will take
+        # (see _skips_urgent): the backlog claims look at level 1 again.
+        self.urgent_left: Set[str] = set()
         self.claims = 0          # claim statements sent (the lease counter)
         self.empty_claims = 0    # ... that found nothing
         self.claimed_jobs = 0
@@ -213,6 +219,7 @@ class Claimer:
         blocked = self._blocked(now)
         handed = 0
         for name in rushing:
+            self.urgent_left.add(name)   # until a rush claim comes back short
             if name in blocked or now - self.rushed_at.get(name, -RUSH_EVERY_S) < RUSH_EVERY_S:
                 continue
             urgency = self._urgency(name)
@@ -231,6 +238,8 @@ class Claimer:
             jobs = self._claim_statement(name, self._lane(name), len(kids), URGENT_ONLY, rush=True, db=db)
             if jobs is None:
                 return handed
+            if len(jobs) < len(kids):
+                self.urgent_left.discard(name)   # it took every priority-1 job there was
             self._count_claimed(name, jobs)
             for child, job in zip(kids, jobs):
                 self.children.assign(child, name, [job], urgency)
@@ -370,12 +379,18 @@ class Claimer:
         cursor = self.cursors.get(key)
         if cursor is not None and now - self.looked_from_start.get(key, 0.0) >= LOOK_FROM_START_EVERY_S:
             cursor = None
-        got = self._claim_statement(name, lane, want, cursor)
+        skip_urgent = cursor is not None and self._skips_urgent(name)
+        got = self._claim_statement(name, lane, want, {**cursor, 1: PAST_END} if skip_urgent else cursor)
+        looked = None if skip_urgent else (got, want)   # a claim that looked at level 1, and its limit
         if got is not None and cursor is not None and len(got) < want:
             more = self._claim_statement(name, lane, want - len(got), None)
+            looked = (more, want - len(got))
             got, cursor = got + (more or []), None
         if got is None:
             return None
+        if looked is not None and looked[0] is not None and sum(
+                1 for job in looked[0] if job.priority == 1) < looked[1]:
+            self.urgent_left.discard(name)   # it took every priority-1 job past its cursor
         if cursor is None:
             self.looked_from_start[key] = now
         if len(got) < want:
@@ -383,6 +398,18 @@ class Claimer:
         else:
             self.cursors[key] = fetcher.advance(cursor, got)
         return got
+
+    def _skips_urgent(self, name: str) -> bool:
+        """Does a backlog claim leave priority-1 jobs to the urgent lane? A
+        claim of a full batch takes milliseconds under a deep backlog, and a
+        new priority-1 job it takes waits for all of it; the lane claims
+        each alone the moment it is committed. It does while the lane
+        listens and no rush left such jobs behind (urgent_left: no child
+        to give one to, a rush too soon after the last, one that came back
+        full). A job that becomes available at priority 1 without a notice
+        (released, rescued) is found by the claim from the start that
+        every backlog makes each LOOK_FROM_START_EVERY_S."""
+        return name not in self.urgent_left and self.lane_up()
 
     def _claim_statement(self, name: str, lane: int, want: int, cursor: Optional[fetcher.Cursor],
                          rush: bool = False, db: Optional[Db] = None) -> Optional[List[ClaimedJob]]:

@@ -27,7 +27,7 @@ from .cancels import CancelRelay
 from .child import EXIT_HOOK_FAILED
 from .children import ChildHandle, Children, Released
 from .completer import BackgroundCompleter
-from .claimer import Claimer
+from .claimer import Claimer, Db
 from .config import PoolConfig, QueueConfig
 from .db import describe, socket_of
 from .errors import AwaError, ConfigError
@@ -72,7 +72,8 @@ class Supervisor:
         self.queues: Dict[str, QueueConfig] = {}
         self.claimer = Claimer(config, self.children, self._db, lambda: self.session.connected,
                                self._claimed, held_back=self.completer.over_budget,
-                               completions=self.completer)
+                               completions=self.completer,
+                               lane_up=lambda: self.lane is not None and self.lane.connected)
         self.leader: Optional[Leader] = None
         # Held through a tick, given up while it waits (select, statements):
         # the urgent lane claims and hands out meanwhile.
@@ -135,12 +136,14 @@ class Supervisor:
         """Open the urgent lane (its session is a fifth connection: only a
         supervisor that has heard of a priority-1 job pays for it)."""
         self.lane = UrgentLane(self.config.session_dsn or self.config.dsn, self.state_lock,
-                               rush=self.claimer.rush_now, may_claim=self._may_claim,
-                               on_handed_out=self.signals.wake)
+                               rush=self._rush_urgent, on_handed_out=self.signals.wake,
+                               on_up=lambda: self.claimer.urgent_left.update(self.queues))
         self.lane.start()
 
-    def _may_claim(self) -> bool:
-        return self.state == RUNNING and self.session.connected
+    def _rush_urgent(self, names: Set[str], db: Db) -> int:
+        """The lane's claim, under the state lock: none while draining (the
+        jobs are for other supervisors)."""
+        return self.claimer.rush_now(names, db) if self.state == RUNNING else 0
 
     def _served_queues(self) -> Dict[str, QueueConfig]:
         queues = dict(self.config.queues)

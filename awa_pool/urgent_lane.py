@@ -110,13 +110,16 @@ class StateLock:
 
 
 class UrgentLane:
-    def __init__(self, url: str, state_lock: StateLock, rush: Rush,
-                 may_claim: Callable[[], bool], on_handed_out: Callable[[], None]) -> None:
+    def __init__(self, url: str, state_lock: StateLock, rush: Rush, on_handed_out: Callable[[], None],
+                 on_up: Callable[[], None]) -> None:
         self.url = url
         self.state_lock = state_lock
         self.rush = rush
-        self.may_claim = may_claim            # the supervisor runs and its main session is up
         self.on_handed_out = on_handed_out    # wakes the main loop (a child's outbox may wait)
+        # Called under the state lock once it listens (again): notices sent
+        # while it did not are lost to it, so the loop's claims look at
+        # priority 1 again (Claimer.urgent_left).
+        self.on_up = on_up
         self.conn: Optional[psycopg2.extensions.connection] = None
         self.rushes = 0                       # claims the lane made (stats)
         self._wake_r, self._wake_w = os.pipe()
@@ -182,8 +185,6 @@ class UrgentLane:
 
     def _claim(self, names: Set[str]) -> None:
         with self.state_lock.first():
-            if not self.may_claim():
-                return
             handed = self.rush(names, self._db)
         if handed:
             self.rushes += 1
@@ -218,6 +219,7 @@ class UrgentLane:
             return False
         with self.state_lock:  # published under the lock: a child forked from now on neutralizes it
             self.conn = conn
+            self.on_up()
         if self._down_since is not None:
             log.info("the urgent lane is back after %.1fs", time.monotonic() - self._down_since)
             self._down_since = None

@@ -317,6 +317,8 @@ def test_the_urgent_lane_comes_back_after_its_session_is_terminated(loopless_sup
         cur.execute("SELECT pg_terminate_backend(%s)", (first_pid,))
     wait_for(lambda: sup.lane.connected and sup.lane.conn.get_backend_pid() != first_pid, timeout=15,
              message="the urgent lane to reconnect")
+    with sup.state_lock:   # notices sent while it was away are lost to it: the loop's claims look
+        assert "gates" in sup.claimer.urgent_left
     (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
     wait_for(lambda: urgent_id in [job.id for job in list(child.inflight)], timeout=10,
              message="the reconnected lane to hand out the priority-1 job")
@@ -434,3 +436,43 @@ def test_a_rush_gives_an_idle_child_the_urgent_job_and_the_lane_its_switch_inter
     assert sys.getswitchinterval() == pytest.approx(before)
     wait_for(lambda: pump() and not child.inflight, timeout=30, message="the job to be reported")
     assert [job_id for job_id, _ in gates.starts()] == [urgent_id]
+
+
+def test_a_backlog_claim_leaves_new_priority_1_jobs_to_the_lane_unless_a_rush_left_some(
+        loopless_supervisor, dsn) -> None:
+    """While the lane listens, a claim past a backlog's cursor skips
+    priority 1: a new priority-1 job must not wait for a batch claim that
+    takes milliseconds. Once a rush leaves such jobs behind (no child to
+    give one to), the backlog claims look at priority 1 again until one
+    comes back without more; the claim from the start finds them too."""
+    from awa_pool.claimer import LOOK_FROM_START_EVERY_S
+
+    sup = loopless_supervisor
+    claimer = sup.claimer
+    claimer.lane_up = lambda: True
+    backlog = enqueue_jobs(dsn, [Job("noop", {}, queue="gates", priority=2) for _ in range(8)])
+    now = time.monotonic()
+
+    def claim_ids(want: int):
+        return [job.id for job in claimer._claim_lane("gates", 0, want, now)]
+
+    assert claim_ids(2) == backlog[:2]            # full: the queue has a backlog, and a cursor
+    (urgent_id,) = enqueue_jobs(dsn, [Job("noop", {}, queue="gates", priority=1)])
+    assert claim_ids(2) == backlog[2:4]           # past the cursor: level 1 is the lane's
+    assert job_row(dsn, urgent_id)["state"] == "available"
+
+    claimer.rush(["gates"])
+    assert claimer._rush(now) == 0                 # no child to give it to: left behind
+    assert "gates" in claimer.urgent_left
+    assert claim_ids(2) == [urgent_id, backlog[4]]
+    assert claim_ids(2) == backlog[5:7] and "gates" not in claimer.urgent_left   # none left
+
+    (released_id,) = enqueue_jobs(dsn, [Job("noop", {}, queue="gates", priority=1)])
+    assert claim_ids(1) == [backlog[7]]           # (a job made available without a notice)
+    claimer.looked_from_start[("gates", 0)] = now - LOOK_FROM_START_EVERY_S
+    assert claim_ids(1) == [released_id]          # the claim from the start takes it
+
+    claimer.lane_up = lambda: False               # no lane: every claim looks at level 1
+    more = enqueue_jobs(dsn, [Job("noop", {}, queue="gates", priority=p) for p in (2, 2, 1)])
+    assert claim_ids(1) == [more[2]]
+    assert claim_ids(2) == more[:2]
