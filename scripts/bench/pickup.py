@@ -14,6 +14,10 @@ transaction) and times each from its commit to its handler's start, stops
 the supervisors and tops the backlog up to its depth again (vacuumed, no
 history). Prints p50 and p99 per run and the median of each per source.
 The database (awa_pickup) is created on --server and dropped at the end.
+
+With --floor, each run then times as many probes again under the same
+drain, taken by a bare process instead (pickup_floor.py): the least any
+Postgres queue can do on this machine under this load.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ sys.path.insert(0, HERE)
 
 import scale_build as build  # noqa: E402
 import scriptdb  # noqa: E402
+from pickup_floor import floor_pickups  # noqa: E402
 from scale_fleet import Fleet, done_count, probe_pickups, wait_for  # noqa: E402
 
 QUEUE = "pickup"
@@ -46,6 +51,8 @@ def main() -> None:
     parser.add_argument("--supervisors", type=int, default=2)
     parser.add_argument("--workers", type=int, default=1, help="children per supervisor")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--max-batch", type=int, help="max_batch_per_child (default: the pool's)")
+    parser.add_argument("--floor", action="store_true", help="also time a bare listener's claims (the floor)")
     parser.add_argument("--server", default="postgresql://postgres@127.0.0.1:5432/postgres")
     args = parser.parse_args()
     sources = [os.path.abspath(s) for s in args.sources.split(",")]
@@ -55,6 +62,7 @@ def main() -> None:
     dsn = scriptdb.fresh_database(args.server, "awa_pickup")
     conn = psycopg2.connect(dsn)
     results: Dict[str, List[Tuple[float, float]]] = {s: [] for s in sources}
+    floors: List[Tuple[float, float, float, float]] = []   # notified p50, p99; claimed p50, p99
     try:
         build.add_available(conn, QUEUE, args.depth, kind=args.kind)
         build.vacuum(conn, "awa.jobs_hot")
@@ -62,15 +70,18 @@ def main() -> None:
         for rnd in range(1, args.rounds + 1):
             for source in sources:
                 with Fleet(dsn, supervisors=args.supervisors, workers=args.workers,
-                           queues=[f"{QUEUE},aging=0"], source=source) as fleet:
+                           queues=[f"{QUEUE},aging=0"], source=source, max_batch=args.max_batch) as fleet:
                     wait_for(lambda: done_count(conn, [QUEUE], args.kind) > 0, 120, "the first completion",
                              fleet, every=0.05)
-                    latencies = sorted(probe_pickups(dsn, fleet, QUEUE, PROBES, PROBE_HZ, awa_pool))
-                p50 = statistics.median(latencies)
-                p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+                    p50, p99 = percentiles(probe_pickups(dsn, fleet, QUEUE, PROBES, PROBE_HZ, awa_pool))
+                    print(f"round {rnd} {source}: p50 {p50:.2f} ms, p99 {p99:.2f} ms "
+                          f"(load {os.getloadavg()[0]:.2f})", flush=True)
+                    if args.floor:
+                        notified, claimed = floor_pickups(dsn, PROBES, PROBE_HZ, awa_pool)
+                        floors.append(percentiles(notified) + percentiles(claimed))
+                        print("round {} floor: notified p50 {:.2f} ms, p99 {:.2f} ms; claimed p50 {:.2f} ms, "
+                              "p99 {:.2f} ms".format(rnd, *floors[-1]), flush=True)
                 results[source].append((p50, p99))
-                print(f"round {rnd} {source}: p50 {p50:.2f} ms, p99 {p99:.2f} ms "
-                      f"(load {os.getloadavg()[0]:.2f})", flush=True)
                 left = build.count(conn, "SELECT count(*) FROM awa.jobs_hot WHERE queue = %s", (QUEUE,))
                 build.add_available(conn, QUEUE, args.depth - left, kind=args.kind, first=next_arg)
                 next_arg += args.depth
@@ -79,9 +90,19 @@ def main() -> None:
         for source, runs in results.items():
             print(f"{source}: p50 {statistics.median(r[0] for r in runs):.2f} ms, "
                   f"p99 {statistics.median(r[1] for r in runs):.2f} ms (medians of {len(runs)} runs)")
+        if floors:
+            print("floor: notified p50 {:.2f} ms, p99 {:.2f} ms; claimed p50 {:.2f} ms, p99 {:.2f} ms "
+                  "(medians of {} runs)".format(*(statistics.median(f[i] for f in floors) for i in range(4)),
+                                               len(floors)))
     finally:
         conn.close()
         scriptdb.drop_database(args.server, "awa_pickup")
+
+
+def percentiles(latencies: List[float]) -> Tuple[float, float]:
+    """(p50, p99) of a run's latencies."""
+    ordered = sorted(latencies)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 if __name__ == "__main__":

@@ -206,7 +206,15 @@ def probe_pickups(dsn: str, fleet: Fleet, queue: str, count: int, rate_hz: float
                   source_awa: Any) -> List[float]:
     """Enqueue `count` priority-1 probe jobs one per transaction at `rate_hz`
     while the fleet drains; returns commit -> handler start latencies (ms)."""
-    awa_pool = source_awa
+    committed = paced_probes(dsn, queue, count, rate_hz, source_awa)
+    wait_for(lambda: len(fleet.records("probe")) >= count, 300, f"{count} probe jobs to start", fleet)
+    started = {int(tag): float(at) for tag, at in fleet.records("probe")}
+    return [1000.0 * (started[i] - committed[i]) for i in committed if i in started]
+
+
+def paced_probes(dsn: str, queue: str, count: int, rate_hz: float, awa_pool: Any) -> Dict[int, float]:
+    """Enqueue priority-1 probe jobs {"tag": i} one per transaction at
+    `rate_hz`; returns when each one's commit returned (epoch seconds)."""
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     committed = {}
@@ -220,9 +228,7 @@ def probe_pickups(dsn: str, fleet: Fleet, queue: str, count: int, rate_hz: float
             committed[i] = time.time()
     finally:
         conn.close()
-    wait_for(lambda: len(fleet.records("probe")) >= count, 300, f"{count} probe jobs to start", fleet)
-    started = {int(tag): float(at) for tag, at in fleet.records("probe")}
-    return [1000.0 * (started[i] - committed[i]) for i in committed if i in started]
+    return committed
 
 
 def loadavg() -> str:
