@@ -43,6 +43,9 @@ class ChildHandle:
     refill_wanted: bool = False    # half its batch has started: queue the next one
     shortest_timeout: Optional[float] = None  # of the jobs sent since it was last idle
     lowest_priority: int = 0       # the largest priority number sent since it was last idle
+    # a job queued behind one that has run longer than this is taken back
+    # (None: Children's floor); set from its queue's usual job time
+    patience: Optional[float] = None
 
     @property
     def tasks_left(self) -> int:

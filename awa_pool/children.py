@@ -27,7 +27,7 @@ from .protocol import (DONE, LOW, PROGRESS, READY, REQUEST, RUN, STOP, ClaimedJo
 
 log = logging.getLogger(__name__)
 
-TAKE_BACK_AFTER_S = 0.1   # jobs queued behind one running longer than this are taken back
+TAKE_BACK_AFTER_S = 0.1   # jobs queued behind one running longer than this are taken back (at least)
 RESEND_MAX_BYTES = 64 << 10  # a queued job this small is kept, so a more urgent one can overtake it
 OVERDUE_RETRY_S = 0.02    # an overdue check that could not act is retried this soon, not spun on
 
@@ -157,14 +157,17 @@ class Children:
 
     # -- work ----------------------------------------------------------------
     def assign(self, child: ChildHandle, queue: str, jobs: Sequence[ClaimedJob],
-               urgency: Optional[Callable[[ClaimedJob], int]] = None) -> None:
+               urgency: Optional[Callable[[ClaimedJob], int]] = None, patience: float = 0.0) -> None:
         """Send a batch of claimed jobs to a child (idle, or asking for a
         refill). With `urgency` (a job's effective priority: lower runs
         first), a refill's jobs more urgent than some the child holds queued
-        overtake those (see _overtake)."""
+        overtake those (see _overtake). `patience`: how long a job of this
+        queue may run before the jobs queued behind it are taken back (at
+        least TAKE_BACK_AFTER_S)."""
         if urgency is not None:
             jobs = self._overtake(child, jobs, urgency)
         child.queue = queue
+        child.patience = max(TAKE_BACK_AFTER_S, patience)
         start = child.next_position
         child.inflight.extend(InFlight(job.id, job.lease, job.kind, job.queue, job.timeout_s, start + i,
                                        job.attempt, job if job.payload_bytes <= RESEND_MAX_BYTES else None)
@@ -315,7 +318,7 @@ class Children:
                     self.kill(child, "timeout", f"timed out after {job.timeout_s:g}s: "
                                                 "the child running it was killed")
                     continue
-                if now - started > TAKE_BACK_AFTER_S and child.inflight[-1].id != job_id:
+                if now - started > self._patience(child) and child.inflight[-1].id != job_id:
                     checked.released.extend(self.take_back(child, f"job {job_id} runs long"))
             if child.cancel_deadline is not None and now >= child.cancel_deadline:
                 child.cancel_deadline = None
@@ -340,14 +343,18 @@ class Children:
                 if running is not None and running.timeout_s:
                     due = min(due, started + running.timeout_s)
             if job_id and child.inflight[-1].id != job_id:  # jobs queued behind the running one
-                due = min(due, started + TAKE_BACK_AFTER_S)
+                due = min(due, started + self._patience(child))
             elif not job_id and len(child.inflight) > 1:     # between jobs: the next starts from now
-                due = min(due, now + TAKE_BACK_AFTER_S)
+                due = min(due, now + self._patience(child))
             if child.cancel_deadline is not None:
                 due = min(due, child.cancel_deadline)
         # Overdue: acted on right after this wait; should acting fail (a
         # take-back finding the child's status locked) it is retried, not spun on.
         return due if due > now else now + OVERDUE_RETRY_S
+
+    @staticmethod
+    def _patience(child: ChildHandle) -> float:
+        return TAKE_BACK_AFTER_S if child.patience is None else child.patience
 
     def take_back(self, child: ChildHandle, why: str) -> Released:
         """Take back the jobs queued in a child that have not started (behind

@@ -18,7 +18,10 @@ from .protocol import ClaimedJob, Outcome
 
 TARGET_BATCH_S = 0.004       # a child's batch of short jobs should take about this long
 LEASE_COUNTER_BITS = 40       # leases: supervisor id above, claim counter below
-PREFETCH_BELOW_S = 0.08      # queue a child's next batch early only for jobs shorter than this
+PREFETCH_BELOW_S = 0.25      # queue a child's next batch early only for jobs shorter than this
+# A job queued behind one that has run this many times its queue's usual
+# time (at least Children's 0.1 s) is taken back for another child.
+PATIENCE_JOBS = 2.0
 EWMA_ALPHA = 0.2
 TURN_JOB_FLOOR_S = 0.0001    # a job costs a turn at least this much of a child's time (its dispatch)
 LOOK_FROM_START_EVERY_S = 0.5  # a backlog's claims use a cursor; one claim this often does not
@@ -242,7 +245,7 @@ class Claimer:
                 self.urgent_left.discard(name)   # it took every priority-1 job there was
             self._count_claimed(name, jobs)
             for child, job in zip(kids, jobs):
-                self.children.assign(child, name, [job], urgency)
+                self.children.assign(child, name, [job], urgency, self._patience(name))
                 handed += 1
         return handed
 
@@ -318,10 +321,17 @@ class Claimer:
             left -= takes[-1]
         for child, take in zip(kids, takes):
             if take:
-                self.children.assign(child, name, jobs[offset:offset + take], urgency)
+                self.children.assign(child, name, jobs[offset:offset + take], urgency, self._patience(name))
                 offset += take
                 given += 1
         return given
+
+    def _patience(self, name: str) -> float:
+        """How long a job of the queue may run before the jobs queued behind
+        it go to another child: a multiple of its usual time, so a queue of
+        0.1-0.25 s jobs, which also get a next one queued, does not take
+        back half of them."""
+        return PATIENCE_JOBS * self.job_seconds.get(name, 0.0)
 
     def _urgency(self, name: str) -> Callable[[ClaimedJob], int]:
         """A job's effective priority now, as the claim ranks it (priority
