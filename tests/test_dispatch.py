@@ -314,7 +314,8 @@ def test_jobs_queued_behind_a_long_job_are_taken_back(dsn, pools):
     (0.00001, 64),    # ...up to max_batch_per_child
     (0.003, 2),       # jobs worth queueing ahead come at least two per batch
     (0.025, 2),
-    (0.2, 1),         # long jobs: one at a time, nothing queued behind them
+    (0.2, 2),         # W6's zlib jobs of 75-85 ms on a slow machine still get a next one queued
+    (0.3, 1),         # long jobs: one at a time, nothing queued behind them
 ])
 def test_claim_depth_follows_the_queue_s_job_time(job_s, depth) -> None:
     claimer = Claimer(PoolConfig(dsn="postgresql://unused"), children=None, db=None,
@@ -373,7 +374,7 @@ class _Table:
     def refillable(self, child):
         return True
 
-    def assign(self, child, queue, jobs, urgency=None):
+    def assign(self, child, queue, jobs, urgency=None, patience=0.0):
         self.given[child] = len(jobs)
 
 
