@@ -15,7 +15,6 @@ import logging
 import os
 import random
 import selectors
-import signal
 import socket
 import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
@@ -33,6 +32,7 @@ from .db import describe, socket_of
 from .errors import AwaError, ConfigError
 from .inflight import Finished
 from .leader import Leader
+from .lifecycle import RUNNING, STOPPED, Lifecycle
 from .maintenance import Maintenance, default_services
 from .registration import read_queue_settings
 from .session import Session
@@ -46,7 +46,6 @@ from .version import __version__
 
 log = logging.getLogger(__name__)
 
-STARTING, RUNNING, DRAINING, STOPPING, STOPPED = "starting", "running", "draining", "stopping", "stopped"
 SETTINGS_REFRESH_S = 5.0
 RECONCILE_INTERVAL_S = 30.0
 FINAL_FLUSH_TIMEOUT_S = 10.0
@@ -55,7 +54,6 @@ FINAL_FLUSH_TIMEOUT_S = 10.0
 class Supervisor:
     def __init__(self, config: PoolConfig) -> None:
         self.config = config
-        self.state = STARTING
         self.hostname = socket.gethostname()
         self.pid = os.getpid()
         self.supervisor_id: Optional[int] = None
@@ -66,6 +64,8 @@ class Supervisor:
                                  max_tasks_per_child=config.max_tasks_per_child,
                                  max_memory_per_child=config.max_memory_per_child,
                                  inherited_fds=self._inherited_fds)
+        self.life = Lifecycle(self.children, config.shutdown_timeout, on_drain=self._drain,
+                              on_killed=self._on_child_exit, on_stopped=self._final_flush)
         self.cancels = CancelRelay(self.children, config.cancel_grace, self._db)
         self.selector = selectors.DefaultSelector()
         self.writing: Set[int] = set()  # child pipes watched for writability (outbox pending)
@@ -84,8 +84,6 @@ class Supervisor:
         self.completer.on_relief = self.signals.wake  # claiming resumes once big results are written
         self.exit_code = 0
         self.fatal: Optional[str] = None
-        self.drain_deadline: Optional[float] = None
-        self.stop_deadline: Optional[float] = None
         now = time.monotonic()
         self.next_heartbeat = now
         self.next_poll = now
@@ -220,7 +218,7 @@ class Supervisor:
                 self._on_notify()
             elif kind == "wakeup":
                 self.signals.drain_wakeup()
-        self._handle_signals()
+        self.life.on_signals(self.signals.take())
         now = time.monotonic()
         self._enforce_deadlines(now)
         self.session.maybe_reconnect(now)
@@ -240,8 +238,8 @@ class Supervisor:
         if now >= self.next_settings and connected:
             self.next_settings = now + SETTINGS_REFRESH_S
             self._refresh_settings()
-        if self.state in (DRAINING, STOPPING):
-            self._advance_shutdown(time.monotonic())
+        if self.life.winding_down:
+            self.life.advance(time.monotonic())
 
     def _watch_outboxes(self) -> None:
         """Wait for a child's pipe to be writable only while messages for
@@ -271,7 +269,7 @@ class Supervisor:
             # turn the loop into a busy spin for the whole outage
             candidates.append(self.session.reconnect_at)
         candidates.append(self.children.next_check(now))
-        if self.state in (DRAINING, STOPPING):
+        if self.life.winding_down:
             candidates.append(now + 0.05)
         return max(0.0, min(candidates) - now)
 
@@ -323,7 +321,7 @@ class Supervisor:
             log.error("%s; stopping instead of respawning", self.fatal)
             self.exit_code = 3
             self._event("stopping", {"reason": self.fatal})
-            self._begin_stop()
+            self.life.begin_stop()
         elif reaped.expected and reaped.exitcode == 0:
             log.debug("child %d exited after its stop request", child.pid)
         else:
@@ -460,54 +458,23 @@ class Supervisor:
         if notes.cancels:
             self.cancels.on_notified(notes.cancels, time.monotonic())
 
-    # -- signals and shutdown ------------------------------------------------------
-    def _handle_signals(self) -> None:
-        for signum, name in self.signals.take():  # name None: a stop request, not a signal
-            if signum == signal.SIGHUP:
-                log.info("SIGHUP ignored (restart the supervisor to reload the app)")
-            elif self.state == RUNNING:
-                log.info("%s: draining (no new jobs; waiting up to %gs for running ones)",
-                         name or "stop requested", self.config.shutdown_timeout)
-                self._begin_drain(name or "stop requested")
-            elif self.state == DRAINING and name is not None:  # a repeated stop() does not escalate
-                log.warning("second %s: stopping now; running jobs go back to the queue", name)
-                self._begin_stop()
+    # -- shutdown (lifecycle.Lifecycle) -------------------------------------------
+    @property
+    def state(self) -> str:
+        return self.life.state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        self.life.state = value
 
     def request_shutdown(self) -> None:
         """Start a graceful shutdown, as SIGTERM does (for embedding and tests);
         safe to call from another thread or a signal handler."""
         self.signals.request_stop()
 
-    def _begin_drain(self, reason: str) -> None:
-        self.state = DRAINING
-        self.drain_deadline = time.monotonic() + self.config.shutdown_timeout
+    def _drain(self, reason: str) -> None:
         self._release(self.children.take_back_all("shutting down"))  # only running jobs finish
         self._event("draining", {"reason": reason})
-
-    def _begin_stop(self) -> None:
-        """Kill whatever still runs; its jobs go back as available."""
-        self.state = STOPPING
-        self.stop_deadline = time.monotonic() + 5.0
-        self.children.interrupt()
-
-    def _advance_shutdown(self, now: float) -> None:
-        if self.state == DRAINING:
-            if self.children.any_busy():
-                if self.drain_deadline is not None and now >= self.drain_deadline:
-                    log.warning("shutdown timeout reached; killing the children still running jobs")
-                    self._begin_stop()
-                return
-            self._begin_stop()
-        if self.state == STOPPING:
-            self.children.stop_idle()
-            if self.children.all() and now < (self.stop_deadline or now):
-                return
-            for child in self.children.all():  # did not exit in time
-                self.children.kill(child, "interrupted", "interrupted by supervisor shutdown")
-                child.process.join(timeout=2)
-                self._on_child_exit(child)
-            self._final_flush()
-            self.state = STOPPED
 
     def _final_flush(self) -> None:
         if not self.completer.drain(FINAL_FLUSH_TIMEOUT_S):

@@ -99,7 +99,8 @@ LAYERS = {
     2: {"db", "drivers", "sql", "migrate", "outcome_params"},
     3: {"producer", "admin", "stats", "periodic_admin", "fetcher", "completer", "notifier", "leader",
         "maintenance", "registration", "requests", "grants", "liveness", "pooling", "urgent_lane"},
-    4: {"child", "child_handle", "children", "claimer", "cancels", "session", "signals", "supervisor"},
+    4: {"child", "child_handle", "children", "claimer", "cancels", "session", "signals", "lifecycle",
+        "supervisor"},
 }
 LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
 
