@@ -13,6 +13,9 @@ from .inflight import InFlight
 from .protocol import FrameReader, Outbox, StatusBlock
 
 
+TAKE_BACK_AFTER_S = 0.1   # jobs queued behind one running longer than this are taken back (at least)
+
+
 @dataclass
 class ChildHandle:
     """One child, as Children tracks it. Others read these fields; only
@@ -43,9 +46,9 @@ class ChildHandle:
     refill_wanted: bool = False    # half its batch has started: queue the next one
     shortest_timeout: Optional[float] = None  # of the jobs sent since it was last idle
     lowest_priority: int = 0       # the largest priority number sent since it was last idle
-    # a job queued behind one that has run longer than this is taken back
-    # (None: Children's floor); set from its queue's usual job time
-    patience: Optional[float] = None
+    # a job queued behind one that has run longer than this is taken back;
+    # set from its queue's usual job time (Children.assign)
+    patience: float = TAKE_BACK_AFTER_S
 
     @property
     def tasks_left(self) -> int:

@@ -20,14 +20,13 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 import multiprocess
 
 from .child import child_main
-from .child_handle import ChildHandle, describe_exit, grow_pipe
+from .child_handle import TAKE_BACK_AFTER_S, ChildHandle, describe_exit, grow_pipe
 from .inflight import Finished, InFlight
 from .protocol import (DONE, LOW, PROGRESS, READY, REQUEST, RUN, STOP, ClaimedJob, FrameReader, Outbox,
                        Outcome, StatusBlock, frames)
 
 log = logging.getLogger(__name__)
 
-TAKE_BACK_AFTER_S = 0.1   # jobs queued behind one running longer than this are taken back (at least)
 RESEND_MAX_BYTES = 64 << 10  # a queued job this small is kept, so a more urgent one can overtake it
 OVERDUE_RETRY_S = 0.02    # an overdue check that could not act is retried this soon, not spun on
 
@@ -318,7 +317,7 @@ class Children:
                     self.kill(child, "timeout", f"timed out after {job.timeout_s:g}s: "
                                                 "the child running it was killed")
                     continue
-                if now - started > self._patience(child) and child.inflight[-1].id != job_id:
+                if now - started > child.patience and child.inflight[-1].id != job_id:
                     checked.released.extend(self.take_back(child, f"job {job_id} runs long"))
             if child.cancel_deadline is not None and now >= child.cancel_deadline:
                 child.cancel_deadline = None
@@ -343,18 +342,14 @@ class Children:
                 if running is not None and running.timeout_s:
                     due = min(due, started + running.timeout_s)
             if job_id and child.inflight[-1].id != job_id:  # jobs queued behind the running one
-                due = min(due, started + self._patience(child))
+                due = min(due, started + child.patience)
             elif not job_id and len(child.inflight) > 1:     # between jobs: the next starts from now
-                due = min(due, now + self._patience(child))
+                due = min(due, now + child.patience)
             if child.cancel_deadline is not None:
                 due = min(due, child.cancel_deadline)
         # Overdue: acted on right after this wait; should acting fail (a
         # take-back finding the child's status locked) it is retried, not spun on.
         return due if due > now else now + OVERDUE_RETRY_S
-
-    @staticmethod
-    def _patience(child: ChildHandle) -> float:
-        return TAKE_BACK_AFTER_S if child.patience is None else child.patience
 
     def take_back(self, child: ChildHandle, why: str) -> Released:
         """Take back the jobs queued in a child that have not started (behind

@@ -398,7 +398,7 @@ class Claimer:
             got, cursor = got + (more or []), None
         if got is None:
             return None
-        if looked is not None and looked[0] is not None and sum(
+        if name in self.urgent_left and looked is not None and looked[0] is not None and sum(
                 1 for job in looked[0] if job.priority == 1) < looked[1]:
             self.urgent_left.discard(name)   # it took every priority-1 job past its cursor
         if cursor is None:

@@ -36,7 +36,7 @@ sys.path.insert(0, HERE)
 import scale_build as build  # noqa: E402
 import scriptdb  # noqa: E402
 from pickup_floor import floor_pickups  # noqa: E402
-from scale_fleet import Fleet, done_count, probe_pickups, wait_for  # noqa: E402
+from scale_fleet import Fleet, done_count, p50_p99, probe_pickups, wait_for  # noqa: E402
 
 QUEUE = "pickup"
 PROBES, PROBE_HZ = 100, 50.0
@@ -73,12 +73,12 @@ def main() -> None:
                            queues=[f"{QUEUE},aging=0"], source=source, max_batch=args.max_batch) as fleet:
                     wait_for(lambda: done_count(conn, [QUEUE], args.kind) > 0, 120, "the first completion",
                              fleet, every=0.05)
-                    p50, p99 = percentiles(probe_pickups(dsn, fleet, QUEUE, PROBES, PROBE_HZ, awa_pool))
+                    p50, p99 = p50_p99(probe_pickups(dsn, fleet, QUEUE, PROBES, PROBE_HZ, awa_pool))
                     print(f"round {rnd} {source}: p50 {p50:.2f} ms, p99 {p99:.2f} ms "
                           f"(load {os.getloadavg()[0]:.2f})", flush=True)
                     if args.floor:
                         notified, claimed = floor_pickups(dsn, PROBES, PROBE_HZ, awa_pool)
-                        floors.append(percentiles(notified) + percentiles(claimed))
+                        floors.append(p50_p99(notified) + p50_p99(claimed))
                         print("round {} floor: notified p50 {:.2f} ms, p99 {:.2f} ms; claimed p50 {:.2f} ms, "
                               "p99 {:.2f} ms".format(rnd, *floors[-1]), flush=True)
                 results[source].append((p50, p99))
@@ -97,12 +97,6 @@ def main() -> None:
     finally:
         conn.close()
         scriptdb.drop_database(args.server, "awa_pickup")
-
-
-def percentiles(latencies: List[float]) -> Tuple[float, float]:
-    """(p50, p99) of a run's latencies."""
-    ordered = sorted(latencies)
-    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 if __name__ == "__main__":

@@ -8,13 +8,12 @@ measurement with ctx.record.
 """
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any, List, Optional
 
 import scale_build as build
 from scale_fleet import (Fleet, background_pids, backend_pids, cpu_seconds, done_count, drain_rate,
-                         machine_times, peak_rss, probe_pickups, wait_for)
+                         machine_times, p50_p99, peak_rss, probe_pickups, wait_for)
 from scale_history import history  # noqa: F401  (scale.py looks curves up here)
 
 Q = "scale"
@@ -123,9 +122,9 @@ def backlog(ctx: Any, depths: List[int]) -> None:
                 cpu.record(depth, rep, tag, done_count(conn, [Q]))   # probes are kind 'probe': not counted
             rate = drain_rate(conn, [Q], since)
             ctx.record(depth, "drain" + tag, rate["jobs_per_s"], rep, "jobs/s")
-            lat.sort()
-            ctx.record(depth, "pickup p50" + tag, statistics.median(lat), rep, "ms")
-            ctx.record(depth, "pickup p99" + tag, lat[min(len(lat) - 1, int(0.99 * len(lat)))], rep, "ms")
+            p50, p99 = p50_p99(lat)
+            ctx.record(depth, "pickup p50" + tag, p50, rep, "ms")
+            ctx.record(depth, "pickup p99" + tag, p99, rep, "ms")
             left = build.count(conn, "SELECT count(*) FROM awa.jobs_hot WHERE queue = %s", (Q,))
             if i < len(runs) - 1:  # back to the same depth, vacuumed, no history
                 build.add_available(conn, Q, depth - left, first=depth + (i + 1) * depth)

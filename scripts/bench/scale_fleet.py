@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -210,6 +211,13 @@ def probe_pickups(dsn: str, fleet: Fleet, queue: str, count: int, rate_hz: float
     wait_for(lambda: len(fleet.records("probe")) >= count, 300, f"{count} probe jobs to start", fleet)
     started = {int(tag): float(at) for tag, at in fleet.records("probe")}
     return [1000.0 * (started[i] - committed[i]) for i in committed if i in started]
+
+
+def p50_p99(latencies: List[float]) -> Tuple[float, float]:
+    """A pickup run's median and 99th percentile (nearest rank: of 100
+    probes, the second slowest), as the backlog curve and pickup.py report them."""
+    ordered = sorted(latencies)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
 def paced_probes(dsn: str, queue: str, count: int, rate_hz: float, awa_pool: Any) -> Dict[int, float]:
