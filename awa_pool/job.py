@@ -378,13 +378,19 @@ class Job:
         return f"Job({self._kind!r}, {self._args!r}{extras})"
 
     def bulk_shape(self) -> Optional[tuple]:
-        """(kind, queue, priority, max_attempts, timeout) when this job is
-        ready now and carries nothing else but its args (no unique key,
-        tags, metadata or ordering key): a chunk of jobs of one shape is
-        inserted from their args alone (awa.insert_uniform_jobs)."""
-        if not self.ready_and_plain() or self._tags or self._metadata or self._ordering_key is not None:
+        """What a chunk inserted args-only shares (awa.insert_uniform_jobs); None: not ready-and-plain."""
+        if not self.ready_and_plain() or self._ordering_key is not None:
             return None
-        return (self._kind, self._queue, self._priority, self._max_attempts, self._timeout)
+        return (self._kind, self._queue, self._priority, self._max_attempts, self._timeout,
+                self._tags, self._metadata_json)
+
+    def with_checked_metadata(self, metadata: Dict[str, Any], metadata_json: str) -> "Job":
+        """A copy with metadata already encoded by check_json; nothing else is checked again."""
+        copy = object.__new__(Job)
+        for name in Job.__slots__:
+            setattr(copy, name, getattr(self, name))
+        copy._metadata, copy._metadata_json = metadata, metadata_json
+        return copy
 
     def ready_and_plain(self) -> bool:
         """Ready now, with no unique key: the bulk fast path can insert it."""

@@ -80,10 +80,10 @@ def _insert_many(cur: Any, jobs: Sequence[Job], batch_id: Optional[int]) -> List
         chunk = jobs[start:start + MANY_CHUNK]
         shapes = {job.bulk_shape() for job in chunk}
         if len(shapes) == 1 and None not in shapes:
-            kind, queue, priority, max_attempts, timeout = shapes.pop()
+            kind, queue, priority, max_attempts, timeout, tags, metadata_json = shapes.pop()
             cur.execute(QUERIES["insert_uniform_jobs"], {
                 "kind": kind, "queue": queue, "priority": priority, "max_attempts": max_attempts,
-                "timeout_s": timeout, "batch_id": batch_id,
+                "timeout_s": timeout, "batch_id": batch_id, "tags": list(tags), "metadata": metadata_json,
                 "args": "[" + ",".join([job.args_json for job in chunk]) + "]"})
             ids.extend(sorted(row[0] for row in cur.fetchall()))
             continue

@@ -33,9 +33,9 @@ import json
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, Optional, TypeVar
+from typing import Any, Callable, Dict, Optional, Tuple, TypeVar
 
-from .job import Job
+from .job import Job, check_json
 from .protocol import ClaimedJob, Outcome
 from .version import __version__
 
@@ -49,8 +49,9 @@ RECHECK_S = 1.0  # a tracer provider set later is noticed within this
 F = TypeVar("F", bound=Callable[..., Any])
 
 _otel: Any = None  # None: not tried yet; False: not installed; else the _Otel below
-# The trace context an enqueue call stamps on its jobs (set by its producer span).
-_carrier: "contextvars.ContextVar[Optional[Dict[str, str]]]" = contextvars.ContextVar(
+# The trace context an enqueue call stamps on its jobs, with its JSON text
+# (set by its producer span): a bulk enqueue encodes it once, not per job.
+_carrier: "contextvars.ContextVar[Optional[Tuple[Dict[str, str], str]]]" = contextvars.ContextVar(
     "awa_pool_trace_carrier", default=None)
 
 
@@ -89,7 +90,8 @@ class _Otel:
         with self.trace.use_span(span, end_on_exit=True):
             carrier: Dict[str, str] = {}
             self.propagate.inject(carrier)
-            token = _carrier.set({key: carrier[key] for key in CARRIER_KEYS if key in carrier} or None)
+            kept = {key: carrier[key] for key in CARRIER_KEYS if key in carrier}
+            token = _carrier.set((kept, check_json(kept, "metadata")) if kept else None)
             try:
                 result = call(*args, **kwargs)
             finally:
@@ -174,10 +176,14 @@ def stamp(job: Job) -> Job:
     """The job with the enqueue's trace context in its metadata; the job
     itself outside a traced enqueue, or when its metadata names a
     traceparent of its own (that context is kept, tracestate and all)."""
-    carrier = _carrier.get()
-    if carrier is None or "traceparent" in job.metadata:
+    context = _carrier.get()
+    if context is None or "traceparent" in job.metadata:
         return job
-    return job.replace(metadata=dict(job.metadata, **carrier))
+    carrier, carrier_json = context
+    if not job.metadata:
+        return job.with_checked_metadata(dict(carrier), carrier_json)
+    metadata = dict(job.metadata, **carrier)
+    return job.with_checked_metadata(metadata, check_json(metadata, "metadata"))
 
 
 def attempt_span(run: Callable[..., Outcome]) -> Callable[..., Outcome]:

@@ -688,14 +688,17 @@ BEGIN
                FROM jsonb_to_recordset(p_jobs) AS x(queue text)) w;
 END $$;
 
--- Bulk enqueue of a uniform chunk: one kind, queue, priority, max_attempts
--- and timeout for every job, ready now, the array holding only the args
--- objects (what a bulk producer sends nearly always). Parameters instead of
--- a JSON object per job spare PostgreSQL parsing the same fields a thousand
--- times per statement. Same rows, order and wake-up as insert_ready_jobs.
+-- Bulk enqueue of a uniform chunk: one kind, queue, priority, max_attempts,
+-- timeout, tags and metadata for every job, ready now, the array holding
+-- only the args objects (what a bulk producer sends nearly always; a traced
+-- enqueue_many stamps one traceparent on all its jobs). Parameters instead
+-- of a JSON object per job spare PostgreSQL parsing the same fields a
+-- thousand times per statement. Same rows, order and wake-up as
+-- insert_ready_jobs.
 CREATE FUNCTION awa.insert_uniform_jobs(
     p_kind text, p_queue text, p_priority integer, p_max_attempts integer,
-    p_timeout_s double precision, p_args jsonb, p_batch_id bigint DEFAULT NULL)
+    p_timeout_s double precision, p_args jsonb, p_batch_id bigint DEFAULT NULL,
+    p_tags text[] DEFAULT '{}', p_metadata jsonb DEFAULT '{}')
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -706,9 +709,10 @@ BEGIN
     END IF;
     SELECT q.shards INTO v_shards FROM awa.queues q WHERE q.name = p_queue;
     RETURN QUERY
-    INSERT INTO awa.jobs_hot (kind, queue, args, state, priority, max_attempts, timeout_s, lane, batch_id)
+    INSERT INTO awa.jobs_hot (kind, queue, args, state, priority, max_attempts, timeout_s,
+                              tags, metadata, lane, batch_id)
     SELECT p_kind, p_queue, a.args, 'available', p_priority, p_max_attempts, p_timeout_s,
-           awa.lane_of(v_shards, NULL), p_batch_id
+           coalesce(p_tags, '{}'), coalesce(p_metadata, '{}'), awa.lane_of(v_shards, NULL), p_batch_id
       FROM jsonb_array_elements(p_args) WITH ORDINALITY AS a(args, ord)
      ORDER BY a.ord
     RETURNING id;
@@ -2379,8 +2383,8 @@ BEGIN
     EXECUTE format('GRANT EXECUTE ON FUNCTION awa.insert_job(text, jsonb, text, integer, timestamptz, '
                    'integer, double precision, text[], jsonb, jsonb, text, bigint, boolean), '
                    'awa.insert_jobs(jsonb, bigint), awa.insert_ready_jobs(jsonb, bigint), '
-                   'awa.insert_uniform_jobs(text, text, integer, integer, double precision, jsonb, bigint) '
-                   'TO %I', p_role);
+                   'awa.insert_uniform_jobs(text, text, integer, integer, double precision, jsonb, bigint, '
+                   'text[], jsonb) TO %I', p_role);
     -- the guard on awa.batches asks this on the producer's behalf
     EXECUTE format('GRANT EXECUTE ON FUNCTION awa.is_follow_up(bigint, bigint) TO %I', p_role);
     -- the CLI checks the schema version before acting
@@ -2471,4 +2475,5 @@ INSERT INTO awa.schema_migrations (version, name) VALUES
     (20, 'kind_finished_counts'),
     (21, 'claim_cursor'),
     (22, 'urgent_wakeup'),
-    (23, 'light_first_completion_counts');
+    (23, 'light_first_completion_counts'),
+    (24, 'uniform_bulk_tags_metadata');

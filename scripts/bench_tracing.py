@@ -19,8 +19,8 @@ per job of an enqueue_many of 1,000 (each job stamped), and to an attempt
 undecorated function). Each is the fastest of many short runs: on a
 shared machine the fastest run is the least disturbed one. The wall time
 per job of a real enqueue_many of 1,000 (one transaction, rolled back)
-shows the server's share: stamped jobs carry metadata, so they take the
-general bulk insert instead of the args-only one. Set-ups alternate;
+shows the server's share: stamped jobs share one metadata, sent once per
+chunk with the args-only insert. Set-ups alternate;
 medians over --repeats. Last, what a Pool's on_outcome hook adds to the
 supervisor's loop per attempt.
 """

@@ -420,7 +420,8 @@ def test_a_worker_granted_before_a_new_hot_path_function_may_call_it_after_migra
 def test_a_producer_granted_before_the_uniform_bulk_path_may_use_it_after_migrating(
         empty_dsn, make_role) -> None:  # empty_dsn first: torn down after the roles
     """0014 adds awa.insert_uniform_jobs, which enqueue_many uses for a chunk
-    of one shape: a producer granted on a v13 database keeps bulk-enqueueing
+    of one shape, and 0024 replaces it with one that also takes tags and
+    metadata: a producer granted on a v13 database keeps bulk-enqueueing
     after `migrate`, without being granted again."""
     from awa_pool.migrate import MIGRATIONS, migrate
 
@@ -432,16 +433,17 @@ def test_a_producer_granted_before_the_uniform_bulk_path_may_use_it_after_migrat
         _grant(empty_dsn, role, "producer")
         with conn.cursor() as cur:  # back to version 13: the function and its grants go
             cur.execute("DROP FUNCTION awa.insert_uniform_jobs(text, text, integer, integer, "
-                        "double precision, jsonb, bigint)")
-            cur.execute("DELETE FROM awa.schema_migrations WHERE version = 14")
+                        "double precision, jsonb, bigint, text[], jsonb)")
+            cur.execute("DELETE FROM awa.schema_migrations WHERE version IN (14, 24)")
         conn.commit()
         assert MIGRATIONS[13][:2] == (14, "uniform_bulk_enqueue")
-        assert migrate(conn) == [14]
+        assert MIGRATIONS[23][:2] == (24, "uniform_bulk_tags_metadata")
+        assert migrate(conn) == [14, 24]
     finally:
         conn.close()
     producer_conn = psycopg2.connect(_as_role(empty_dsn, role))
     try:
-        ids = awa_pool.enqueue_many(producer_conn, [Job("noop", {"i": i}) for i in range(5)])
+        ids = awa_pool.enqueue_many(producer_conn, [Job("noop", {"i": i}, tags=["t"]) for i in range(5)])
         producer_conn.commit()
     finally:
         producer_conn.close()

@@ -410,6 +410,45 @@ def test_uniform_fast_path_matches_insert_job_row_for_row(conn, dsn) -> None:
     assert scalar(dsn, "SELECT max(lane) FROM awa.jobs WHERE queue = 'uq'") == 0
 
 
+def _bulk_functions_called(conn, jobs: List[Job]) -> tuple:
+    """enqueue_many in the connection's transaction; returns the ids and
+    which awa functions it called, as the server counted them (counts not
+    yet reported may carry over from earlier transactions: the difference)."""
+    def calls() -> dict:
+        with conn.cursor() as cur:
+            cur.execute("SELECT funcname, calls FROM pg_stat_xact_user_functions WHERE schemaname = 'awa'")
+            return dict(cur.fetchall())
+
+    with conn.cursor() as cur:
+        cur.execute("SET LOCAL track_functions = 'all'")
+    before = calls()
+    ids = enqueue_many(conn, jobs)
+    called = {name: n - before.get(name, 0) for name, n in calls().items() if n > before.get(name, 0)}
+    conn.commit()
+    return ids, called
+
+
+def test_jobs_sharing_tags_and_metadata_still_take_the_uniform_path(conn, dsn) -> None:
+    """A traced enqueue_many stamps one traceparent on every job, and a bulk
+    producer tags a whole import: such a chunk goes args-only
+    (awa.insert_uniform_jobs, tags and metadata sent once), and its rows
+    equal awa.insert_job's. Jobs whose metadata differ keep their own."""
+    shared = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+              "nested": {"ünï": [1, None, 'q"t']}}
+    jobs = [Job("tagged", {"i": i}, queue="tq", tags=["import", 'b"\\'], metadata=shared) for i in range(300)]
+    ids, called = _bulk_functions_called(conn, jobs)
+    assert called.get("insert_uniform_jobs") == 1 and "insert_ready_jobs" not in called, called
+    rows = {row[0]: row[1:] for row in query(dsn, "SELECT id, (args->>'i')::int, tags, metadata FROM awa.jobs")}
+    assert [rows[job_id] for job_id in ids] == [(i, ["import", 'b"\\'], shared) for i in range(300)]
+    assert_rows_as_insert_job_writes(conn, dsn, jobs[:2], ids)
+
+    mixed = [Job("tagged", {"i": i}, queue="mq", metadata={"n": i % 2}) for i in range(4)]
+    ids, called = _bulk_functions_called(conn, mixed)
+    assert "insert_uniform_jobs" not in called and called.get("insert_ready_jobs") == 1, called
+    stored = dict(query(dsn, "SELECT id, metadata FROM awa.jobs WHERE queue = 'mq'"))
+    assert [stored[job_id] for job_id in ids] == [{"n": 0}, {"n": 1}, {"n": 0}, {"n": 1}]
+
+
 def test_a_chunk_of_several_shapes_keeps_each_job_s_own_fields(conn, dsn) -> None:
     jobs = [Job("shape", {"i": i}, priority=1 + i % 2) for i in range(10)]
     jobs.append(Job("shape", {"i": 10}, tags=["t"]))

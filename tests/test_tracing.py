@@ -46,8 +46,11 @@ def _check_one_trace(produced: dict, consumer_spans: List[dict]) -> None:
         assert (span["trace_id"], span["parent_id"]) == (request["trace_id"], request["span_id"])
         assert span["attributes"]["messaging.system"] == "awa_pool"
     assert producers["awa_pool enqueue"]["attributes"]["awa.job.id"] == ids["enqueue"]
-    assert producers["awa_pool enqueue_many"]["attributes"]["messaging.batch.message_count"] == 2
+    assert producers["awa_pool enqueue_many"]["attributes"]["messaging.batch.message_count"] == 3
     assert produced["metadata"][str(ids["own"])] == {"traceparent": produced["own"]}  # its own, kept
+    stamped = [produced["metadata"][str(job_id)] for job_id in ids["enqueue_many"]]
+    assert stamped[0] == stamped[1] == {"traceparent": stamped[0]["traceparent"]}  # one context, sent once
+    assert stamped[2] == {"origin": "import", "traceparent": stamped[0]["traceparent"]}  # merged with its own
 
     # The W3C context each job carries is its enqueue span's.
     parent_of = {ids["enqueue"]: producers["awa_pool enqueue"],
@@ -93,7 +96,7 @@ def test_a_pool_runs_each_attempt_in_a_span_under_the_enqueue(processes, pools, 
                  message=f"job {job_id} to complete")
     # Each span was exported as it ended, before its outcome left the child.
     consumer = _spans(spans)
-    assert len(consumer) == 7 and {s["pid"] for s in consumer}.isdisjoint({supervisor.pid})
+    assert len(consumer) == 8 and {s["pid"] for s in consumer}.isdisjoint({supervisor.pid})
     _check_one_trace(produced, consumer)
     supervisor.send_signal(signal.SIGTERM)
     assert supervisor.wait(timeout=60) == 0

@@ -27,9 +27,10 @@ SELECT * FROM awa.insert_ready_jobs(%(jobs)s::jsonb, %(batch_id)s)
 
 -- name: insert_uniform_jobs
 -- The bulk fast path for a chunk of one shape (see Job.bulk_shape): only
--- the args go per job; ids, ascending in input order.
+-- the args go per job, tags and metadata once; ids, ascending in input order.
 SELECT * FROM awa.insert_uniform_jobs(%(kind)s, %(queue)s, %(priority)s, %(max_attempts)s,
-                                      %(timeout_s)s, %(args)s::jsonb, %(batch_id)s)
+                                      %(timeout_s)s, %(args)s::jsonb, %(batch_id)s,
+                                      %(tags)s::text[], %(metadata)s::jsonb)
 
 -- name: insert_batch
 INSERT INTO awa.batches (total, remaining) VALUES (%(total)s, %(total)s) RETURNING id

@@ -46,7 +46,9 @@ from awa_pool import Job  # noqa: E402
 def enqueue_all(conn) -> dict:
     with conn:
         one = awa_pool.enqueue(conn, Job("retry_then_ok", {"times": 2, "delay": 0}))
-        many = awa_pool.enqueue_many(conn, [Job("add", {"a": 1, "b": 2}), Job("add", {"a": 3, "b": 4})])
+        # two of one shape (the args-only insert), one with metadata of its own (merged)
+        many = awa_pool.enqueue_many(conn, [Job("add", {"a": 1, "b": 2}), Job("add", {"a": 3, "b": 4}),
+                                            Job("add", {"a": 0, "b": 0}, metadata={"origin": "import"})])
         batch = awa_pool.enqueue_batch(conn, [Job("add", {"a": 5, "b": 6})], then=Job("noop"))
         # its own context is kept (a queue no one serves here: it never runs)
         own = awa_pool.enqueue(conn, Job("noop", queue="elsewhere", metadata={"traceparent": OWN}))
