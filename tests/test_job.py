@@ -36,6 +36,20 @@ def test_job_is_immutable_and_comparable() -> None:
     assert job.replace(priority=1).queue == "q"
 
 
+
+def test_a_copy_with_checked_metadata_equals_the_job_built_with_it() -> None:
+    """What a traced enqueue stamps: the same job as one built with that metadata."""
+    from awa_pool.job import check_json
+
+    job = Job("k", {"a": 1}, queue="q", priority=1, tags=["t"], metadata={"m": 1}, timeout=3)
+    metadata = {"m": 1, "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    stamped = job.with_checked_metadata(metadata, check_json(metadata, "metadata"))
+    assert stamped == Job("k", {"a": 1}, queue="q", priority=1, tags=["t"], metadata=metadata, timeout=3)
+    assert stamped.bulk_shape() == Job("k", {"b": 2}, queue="q", priority=1, tags=["t"], metadata=metadata,
+                                       timeout=3).bulk_shape()
+    assert job.metadata == {"m": 1}  # the original is untouched
+    assert stamped.replace(priority=2).metadata == metadata  # and the copy behaves as any job
+
 BAD_JOBS = [
     # (kwargs, exception, message fragment)
     (dict(kind=""), ValueError, "kind must not be empty"),
