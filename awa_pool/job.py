@@ -378,7 +378,7 @@ class Job:
         return f"Job({self._kind!r}, {self._args!r}{extras})"
 
     def bulk_shape(self) -> Optional[tuple]:
-        """What a chunk inserted args-only shares (awa.insert_uniform_jobs); None: not ready-and-plain."""
+        """What a chunk inserted args-only shares (awa.insert_uniform_jobs); None: unique, scheduled or ordered."""
         if not self.ready_and_plain() or self._ordering_key is not None:
             return None
         return (self._kind, self._queue, self._priority, self._max_attempts, self._timeout,
