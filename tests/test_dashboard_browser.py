@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 
 from selenium import webdriver
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import NoAlertPresentException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -71,6 +71,13 @@ def _no_alert(driver) -> bool:
     return False
 
 
+def _waiting(browser, timeout: float) -> WebDriverWait:
+    """A wait that looks again when the page it read from was replaced
+    meanwhile (a form's redirect, the live fragment's refresh): an element
+    found on the old page goes stale before its text is read."""
+    return WebDriverWait(browser, timeout, ignored_exceptions=(StaleElementReferenceException,))
+
+
 def test_an_operator_retries_a_failed_job_and_pauses_a_queue(dsn, pools, processes, browser, tmp_path):
     ok_file = tmp_path / "storage-writable"
     pools.start(app="apps.dashboard", workers=1)
@@ -78,7 +85,7 @@ def test_an_operator_retries_a_failed_job_and_pauses_a_queue(dsn, pools, process
                                           queue="uploads", max_attempts=1))
     wait_for(lambda: _state(dsn, job_id) == "failed", timeout=30, message="the upload failing once")
     base = start_dashboard(processes, dsn)
-    wait = WebDriverWait(browser, 20)
+    wait = _waiting(browser, 20)
 
     # the overview lists the queue and its failure
     browser.get(base + "/")
@@ -104,7 +111,7 @@ def test_an_operator_retries_a_failed_job_and_pauses_a_queue(dsn, pools, process
         driver.refresh()
         return driver.find_element(By.CSS_SELECTOR, ".page-head .badge").text == "completed"
 
-    WebDriverWait(browser, 30, poll_frequency=0.5).until(completed_in_page)
+    _waiting(browser, 30).until(completed_in_page)
     assert '"uploaded": "report.pdf"' in browser.find_element(By.XPATH, "//h2[text()='Result']/../..").text
 
     # Pause the queue: the overview says so, and the pool stops claiming from it
@@ -132,7 +139,7 @@ def test_hostile_job_data_never_runs_and_a_post_without_csrf_is_refused(dsn, pro
     (job_id,) = enqueue(dsn, awa_pool.Job("quick", {"note": XSS_SCRIPT, "title": XSS_ATTR}, queue="uploads",
                                           tags=[XSS_ATTR], metadata={"html": XSS_SCRIPT}))
     base = start_dashboard(processes, dsn)
-    wait = WebDriverWait(browser, 20)
+    wait = _waiting(browser, 20)
     for path in (f"/jobs/{job_id}", "/jobs", "/jobs?kind=quick"):
         browser.get(base + path)
         wait.until(lambda d: d.execute_script("return document.readyState") == "complete")
