@@ -249,8 +249,18 @@ def _as_datetime(value: Any) -> Optional[datetime]:
 def queues_table(overviews: Sequence[Any]) -> str:
     rows = [[q.queue, styled("paused" if q.paused else ""), q.available, q.running, q.scheduled, q.retryable,
              q.waiting_external, q.failed, rate(q.jobs_per_s), seconds(q.lag_seconds)] for q in overviews]
-    return to_text(table(["QUEUE", "PAUSED", "AVAILABLE", "RUNNING", "SCHEDULED", "RETRYABLE", "WAITING",
+    text = to_text(table(["QUEUE", "PAUSED", "AVAILABLE", "RUNNING", "SCHEDULED", "RETRYABLE", "WAITING",
                           "FAILED", "JOBS/S (1m)", "LAG"], rows, right=range(2, 10), empty="no queues yet"))
+    return text + census_note(overviews)
+
+
+def census_note(overviews: Sequence[Any]) -> str:
+    """A line under live counts that are not counted now (QueueDepth.counts_age_s)."""
+    age = max((q.counts_age_s for q in overviews), default=0.0)
+    if not age:
+        return ""
+    return (f"\nlive counts as of the leader's census {seconds(age)} ago "
+            "(a backlog this deep is recounted every few seconds, not on every read)")
 
 
 def queue_json(overview: Any) -> dict:

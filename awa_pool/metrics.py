@@ -243,6 +243,10 @@ class _LiveCollector:
         yield depth
         yield lag
         yield paused
+        yield GaugeMetricFamily("awa_queue_counts_age_seconds", "Age of the live counts behind awa_queue_jobs "
+                                "when they were read: 0 when counted, above 100,000 live jobs the age of "
+                                "the leader's census of them.",
+                                value=max((row.counts_age_s for row in rows), default=0.0))
         yield GaugeMetricFamily("awa_queue_stats_up", "1 when the last refresh of the queue gauges "
                                 "succeeded.", value=0 if self.metrics._queue_error else 1)
 

@@ -24,7 +24,13 @@ KIND_SAMPLE = 1000          # kind_stats' percentiles: each kind's latest finish
 
 @dataclass(frozen=True)
 class QueueDepth:
-    """A queue's live (not yet terminal) jobs, by state."""
+    """A queue's live (not yet terminal) jobs, by state.
+
+    `counts_age_s` is how old the counts are: 0 when they were counted for
+    this read. Above a backlog of 100,000 live jobs (all queues together)
+    the counts are the leader's census, retaken every 2 s or 25 times what
+    a count takes, whichever is longer, so reads stay cheap however deep
+    the backlog; then every queue's counts are of that one moment."""
 
     queue: str
     available: int = 0
@@ -32,6 +38,7 @@ class QueueDepth:
     scheduled: int = 0
     retryable: int = 0
     waiting_external: int = 0
+    counts_age_s: float = 0.0
 
     @property
     def total(self) -> int:
@@ -49,8 +56,11 @@ class QueueStats(QueueDepth):
     cancelled: int = 0
     paused: bool = False
     lag_seconds: float = 0.0
-    finished_10s: int = 0   # jobs that reached a terminal state in the last 10 s
-    finished_60s: int = 0   # ... and in the last minute
+    # Jobs that reached a terminal state in the last 10 s and the last
+    # minute: exact up to 10,000 in the window; above, an estimate from the
+    # rate of the newest 10,000, so a fast drain does not make the read slow.
+    finished_10s: int = 0
+    finished_60s: int = 0
 
     @property
     def jobs_per_s(self) -> float:
@@ -142,13 +152,14 @@ _COUNTS = ("available", "running", "scheduled", "retryable", "waiting_external",
 def queue_stats(conn: Any) -> List[QueueStats]:
     """One QueueStats per known queue (with jobs, history or settings), by name.
     Read in the caller's transaction; never commits. Terminal totals come
-    from the history's running counts (awa.done_counts), so the cost does
-    not grow with retained history."""
+    from the history's running counts (awa.done_counts) and, above a big
+    backlog, live ones from the leader's census (see QueueDepth), so the
+    cost grows neither with retained history nor with the backlog."""
     with cursor_for(conn) as cur:
         cur.execute(QUERIES["queue_stats"])
         rows = _rows(cur)
     return [QueueStats(queue=row["queue"], paused=bool(row["paused"]), lag_seconds=float(row["lag_s"] or 0.0),
-                       **{name: int(row[name]) for name in _COUNTS})
+                       counts_age_s=float(row["counts_age_s"] or 0.0), **{name: int(row[name]) for name in _COUNTS})
             for row in rows]
 
 
@@ -198,14 +209,18 @@ def queue_known(conn: Any, name: str) -> bool:
 
 def queue_depth(conn: Any, queues: Optional[Iterable[str]] = None) -> Dict[str, QueueDepth]:
     """Live jobs per queue (every queue with one, or each of `queues`, with
-    zeros for a queue that has none). Reads only the live tables, never the
-    history, so it stays cheap however much history is retained."""
+    zeros for a queue that has none). Reads only the live tables or, above
+    a big backlog, the leader's census of them (see QueueDepth), never the
+    history, so it stays cheap however much history is retained and however
+    deep the backlog."""
     if isinstance(queues, str):
         raise TypeError("queues must be a list of queue names, not a single string")
     names = None if queues is None else [check_name(name, "queue") for name in queues]
     counts: Dict[str, Dict[str, int]] = {name: {} for name in names or ()}
+    age_s = 0.0
     with cursor_for(conn) as cur:
         cur.execute(QUERIES["queue_depth"], {"queues": names})
-        for queue, state, n in cur.fetchall():
+        for queue, state, n, row_age_s in cur.fetchall():
             counts.setdefault(queue, {})[state] = int(n)
-    return {name: QueueDepth(queue=name, **by_state) for name, by_state in sorted(counts.items())}
+            age_s = max(age_s, float(row_age_s or 0.0))
+    return {name: QueueDepth(queue=name, counts_age_s=age_s, **by_state) for name, by_state in sorted(counts.items())}

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 
 import psycopg2
 
-from .cli_output import jsonable, queue_json, rate, seconds, size, styled, table
+from .cli_output import census_note, jsonable, queue_json, rate, seconds, size, styled, table
 from .db import connect, describe, first_line
 from .errors import AwaError
 from .stats import QueueStats, SupervisorInfo, live_supervisors, queue_stats
@@ -101,8 +101,10 @@ def view(snapshot: Snapshot, *, title: str, interval: float = 1.0, frame: int = 
     supervisors = table(["ID", "HOST", "PID", "ROLE", "STATE", "BUSY", "IDLE", "DONE", "FAILED", "CRASHED",
                          "TIMEOUTS", "RECYCLED", "RSS", "HEARTBEAT"], sup_rows, right=(0, 2, 6, 7, 8, 9, 10, 11),
                         empty="(no live supervisor: start one with awa-pool start)")
-    return Group(header, summary, "", Text("QUEUES", style="bold"), queues, "",
-                 Text(f"SUPERVISORS ({len(sups)} alive)", style="bold"), supervisors)
+    census = census_note(snapshot.queues).strip()
+    below = [Text(census, style="dim")] if census else []
+    return Group(header, summary, "", Text("QUEUES", style="bold"), queues, *below,
+                 "", Text(f"SUPERVISORS ({len(sups)} alive)", style="bold"), supervisors)
 
 
 def run_live(url: str, conn: Any, interval: float, *, stream: Any, keys: Any) -> Any:

@@ -258,6 +258,26 @@ CREATE TABLE awa.done_kinds (
 -- The kinds page reads every kind's minutes of its window.
 CREATE INDEX done_kinds_minute ON awa.done_kinds (minute);
 
+-- Live jobs per queue and state as of one snapshot, retaken by the leader
+-- (awa.take_live_census): what awa.live_counts() reads above a backlog of
+-- exact_below live jobs, so that operator reads stay flat as it grows.
+CREATE TABLE awa.live_census (
+    queue  text   NOT NULL,
+    state  text   NOT NULL,
+    jobs   bigint NOT NULL,
+    oldest timestamptz,         -- the oldest available job's run_at
+    CONSTRAINT live_census_pkey PRIMARY KEY (queue, state)
+);
+
+CREATE TABLE awa.live_census_meta (
+    only_row    boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    counted_at  timestamptz,    -- when the census's snapshot was taken
+    took_s      double precision,
+    jobs        bigint,         -- its total
+    exact_below bigint NOT NULL DEFAULT 100000 CHECK (exact_below >= 0)
+);
+INSERT INTO awa.live_census_meta DEFAULT VALUES;
+
 -- 2.4 Every job wherever it is, read-only, for admin queries.
 CREATE VIEW awa.jobs AS
     SELECT *, NULL::smallint AS segment FROM awa.jobs_hot
@@ -2120,27 +2140,143 @@ BEGIN
                 THEN NULL ELSE v_lo END;
 END $$;
 
+-- How long to wait before the next census, given what the last one took.
+CREATE FUNCTION awa.census_period_s(p_took_s double precision) RETURNS double precision
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT greatest(2.0, 25.0 * coalesce(p_took_s, 0.0))
+$$;
+
+-- The live tables' jobs per queue and state, counted now in one snapshot
+-- (p_queues NULL: every queue).
+CREATE FUNCTION awa.count_live(p_queues text[])
+RETURNS TABLE (queue text, state text, jobs bigint, oldest timestamptz)
+LANGUAGE plpgsql STABLE SET jit = off SET plan_cache_mode = force_custom_plan AS $$
+BEGIN
+    RETURN QUERY
+    SELECT h.queue, h.state::text, count(*), min(h.run_at) FILTER (WHERE h.state = 'available')
+      FROM awa.jobs_hot h
+     WHERE p_queues IS NULL OR h.queue = ANY (p_queues)
+     GROUP BY 1, 2
+    UNION ALL
+    SELECT d.queue, d.state::text, count(*), NULL::timestamptz
+      FROM awa.jobs_deferred d
+     WHERE p_queues IS NULL OR d.queue = ANY (p_queues)
+     GROUP BY 1, 2;
+END $$;
+
+-- Retake the census; returns seconds until the next one is due. The lock
+-- on the meta row makes concurrent calls take turns.
+CREATE FUNCTION awa.take_live_census() RETURNS double precision
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_started timestamptz;
+    v_took    double precision;
+BEGIN
+    PERFORM 1 FROM awa.live_census_meta FOR UPDATE;
+    v_started := clock_timestamp();
+    DELETE FROM awa.live_census;
+    INSERT INTO awa.live_census (queue, state, jobs, oldest)
+    SELECT c.queue, c.state, c.jobs, c.oldest FROM awa.count_live(NULL) c;
+    v_took := extract(epoch FROM clock_timestamp() - v_started);
+    UPDATE awa.live_census_meta
+       SET counted_at = v_started, took_s = v_took,
+           jobs = (SELECT coalesce(sum(c.jobs), 0) FROM awa.live_census c);
+    RETURN awa.census_period_s(v_took);
+END $$;
+
+-- Live jobs per queue and state for the readers, and the age of the counts
+-- in seconds (0: counted by this call). The census is read only when it is
+-- big enough to be worth it and fresh (three periods and 10 s of slack for
+-- a busy leader); otherwise the tables are counted now.
+CREATE FUNCTION awa.live_counts(p_queues text[])
+RETURNS TABLE (queue text, state text, jobs bigint, oldest timestamptz, age_s double precision)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    m awa.live_census_meta;
+BEGIN
+    SELECT * INTO m FROM awa.live_census_meta;
+    IF m.counted_at IS NOT NULL AND m.jobs >= m.exact_below
+       AND m.counted_at > statement_timestamp()
+                          - make_interval(secs => 3 * awa.census_period_s(m.took_s) + 10) THEN
+        RETURN QUERY
+        SELECT c.queue, c.state, c.jobs, c.oldest,
+               greatest(0, extract(epoch FROM statement_timestamp() - m.counted_at))::double precision
+          FROM awa.live_census c
+         WHERE p_queues IS NULL OR c.queue = ANY (p_queues);
+    ELSE
+        RETURN QUERY
+        SELECT c.queue, c.state, c.jobs, c.oldest, 0.0::double precision FROM awa.count_live(p_queues) c;
+    END IF;
+END $$;
+
+-- Jobs of a queue that reached a terminal state in the last 10 and 60
+-- seconds, reading at most its newest p_cap of them: exact below p_cap.
+-- Above, the rate at which those p_cap finished, times the time from the
+-- window's first finish (one index probe per state) to the newest: a
+-- drain that began 3 s ago counts 3 s of it, not 10, and one that ended
+-- 5 s ago is not counted on into the quiet since. (The 10 s count stays
+-- exact while those p_cap reach back 10 s or more.) The windows end at
+-- the statement's start, not the transaction's, so that every finish the
+-- statement sees is inside them.
+CREATE FUNCTION awa.recent_finishes(p_queue text, p_cap integer)
+RETURNS TABLE (finished_10s bigint, finished_60s bigint)
+LANGUAGE sql STABLE AS $$
+WITH states AS (
+    SELECT s.state FROM unnest(ARRAY['completed', 'failed', 'cancelled']::awa.job_state[]) AS s (state)
+),
+newest AS (
+    SELECT f.finalized_at
+      FROM states s
+     CROSS JOIN LATERAL (
+        SELECT x.finalized_at FROM awa.jobs_done x
+         WHERE x.queue = p_queue AND x.state = s.state
+           AND x.finalized_at > statement_timestamp() - interval '60 seconds'
+         ORDER BY x.finalized_at DESC
+         LIMIT p_cap) f
+     ORDER BY f.finalized_at DESC
+     LIMIT p_cap
+),
+seen AS (
+    SELECT count(*) AS n, min(w.finalized_at) AS oldest, max(w.finalized_at) AS latest,
+           count(*) FILTER (WHERE w.finalized_at > statement_timestamp() - interval '10 seconds') AS n10,
+           greatest(extract(epoch FROM max(w.finalized_at) - min(w.finalized_at)), 0.001) AS span_s
+      FROM newest w
+),
+first AS (
+    SELECT min(f.at) AS first_at
+      FROM states s
+     CROSS JOIN LATERAL (
+        SELECT x.finalized_at AS at FROM awa.jobs_done x
+         WHERE x.queue = p_queue AND x.state = s.state
+           AND x.finalized_at > statement_timestamp() - interval '60 seconds'
+         ORDER BY x.finalized_at
+         LIMIT 1) f
+)
+SELECT CASE WHEN n < p_cap OR oldest <= statement_timestamp() - interval '10 seconds' THEN n10
+            ELSE greatest(n, round(n * extract(epoch FROM latest - greatest(first_at, statement_timestamp()
+                                                                   - interval '10 seconds')) / span_s)) END::bigint,
+       CASE WHEN n < p_cap THEN n
+            ELSE greatest(n, round(n * extract(epoch FROM latest - first_at) / span_s)) END::bigint
+  FROM seen, first
+$$;
+
 -- Operator statistics (behind queue_stats(), kind_stats(), the CLI, `top`
 -- and the metrics): neither reads all of terminal history.
 -- One row per known queue (a queue with live jobs, a row in awa.queues or
--- retained history): live counts from the hot and deferred tables,
+-- retained history): live counts from awa.live_counts() (the tables, or
+-- the leader's census above a big backlog; counts_age_s says how old),
 -- terminal ones from awa.done_counts, jobs finished in the last 10 and 60
--- seconds from jobs_done's (queue, state, finalized_at) index, lag_s the
+-- seconds from awa.recent_finishes() (at most the newest 10,000 of them
+-- from jobs_done's (queue, state, finalized_at) index), lag_s the
 -- age of the oldest available job (0 when none).
 CREATE FUNCTION awa.queue_stats()
 RETURNS TABLE (queue text, available bigint, running bigint, scheduled bigint, retryable bigint,
                waiting_external bigint, completed bigint, failed bigint, cancelled bigint,
-               finished_10s bigint, finished_60s bigint, lag_s double precision, paused boolean)
+               finished_10s bigint, finished_60s bigint, lag_s double precision, paused boolean,
+               counts_age_s double precision)
 LANGUAGE sql STABLE SET jit = off AS $$
 WITH live AS (
-    SELECT h.queue, h.state::text AS state, count(*) AS n,
-           min(h.run_at) FILTER (WHERE h.state = 'available') AS oldest
-      FROM awa.jobs_hot h
-     GROUP BY 1, 2
-    UNION ALL
-    SELECT d.queue, d.state::text, count(*), NULL
-      FROM awa.jobs_deferred d
-     GROUP BY 1, 2
+    SELECT c.queue, c.state, c.jobs AS n, c.oldest, c.age_s FROM awa.live_counts(NULL) c
 ),
 done AS (
     SELECT c.queue,
@@ -2157,6 +2293,10 @@ names AS (
     SELECT q.name FROM awa.queues q
     UNION
     SELECT d.queue FROM done d
+),
+recent AS (
+    SELECT n.name, r.finished_10s, r.finished_60s
+      FROM names n CROSS JOIN LATERAL awa.recent_finishes(n.name, 10000) r
 )
 SELECT n.name,
        coalesce(sum(l.n) FILTER (WHERE l.state = 'available'), 0)::bigint,
@@ -2165,18 +2305,15 @@ SELECT n.name,
        coalesce(sum(l.n) FILTER (WHERE l.state = 'retryable'), 0)::bigint,
        coalesce(sum(l.n) FILTER (WHERE l.state = 'waiting_external'), 0)::bigint,
        coalesce(min(d.completed), 0), coalesce(min(d.failed), 0), coalesce(min(d.cancelled), 0),
-       (SELECT count(*) FROM awa.jobs_done x
-         WHERE x.queue = n.name AND x.state IN ('completed', 'failed', 'cancelled')
-           AND x.finalized_at > now() - interval '10 seconds'),
-       (SELECT count(*) FROM awa.jobs_done x
-         WHERE x.queue = n.name AND x.state IN ('completed', 'failed', 'cancelled')
-           AND x.finalized_at > now() - interval '60 seconds'),
+       coalesce(min(r.finished_10s), 0), coalesce(min(r.finished_60s), 0),
        greatest(0, coalesce(extract(epoch FROM now() - min(l.oldest)), 0))::double precision,
-       coalesce(bool_or(q.paused), false)
+       coalesce(bool_or(q.paused), false),
+       (SELECT coalesce(max(a.age_s), 0) FROM live a)::double precision
   FROM names n
   LEFT JOIN live l ON l.queue = n.name
   LEFT JOIN done d ON d.queue = n.name
   LEFT JOIN awa.queues q ON q.name = n.name
+  LEFT JOIN recent r ON r.name = n.name
  GROUP BY n.name
  ORDER BY n.name
 $$;
@@ -2476,4 +2613,5 @@ INSERT INTO awa.schema_migrations (version, name) VALUES
     (21, 'claim_cursor'),
     (22, 'urgent_wakeup'),
     (23, 'light_first_completion_counts'),
-    (24, 'uniform_bulk_tags_metadata');
+    (24, 'uniform_bulk_tags_metadata'),
+    (25, 'flat_queue_reads');

@@ -217,11 +217,11 @@ def test_default_services_cover_every_duty() -> None:
     services = default_services(heartbeat_staleness=10, retention_completed=60, retention_failed=120)
     names = [s.name for s in services]
     assert names == ["promote", "rescue_dead", "rescue_lost", "rescue_deadlines", "expire_callbacks",
-                     "forget_supervisors", "fire_cron", "retention", "vacuum_queue_tables"]
-    retention = services[-2]
+                     "forget_supervisors", "fire_cron", "retention", "vacuum_queue_tables", "live_census"]
+    retention = services[-3]
     assert isinstance(retention, Retention)
     assert (retention.completed_s, retention.failed_s) == (60, 120)
-    assert isinstance(services[-3], FireCron) and services[-3].interval <= 0.5
+    assert isinstance(services[-4], FireCron) and services[-4].interval <= 0.5
     assert next(s for s in services if s.name == "rescue_lost").stale_s == 10
 
 

@@ -105,6 +105,7 @@ def test_documented_metrics_move_as_jobs_run(processes, dsn: str, tmp_path) -> N
     assert value(text, "awa_queue_lag_seconds", queue="parked") > 0
     assert value(text, "awa_queue_paused", queue="parked") == 1
     assert value(text, "awa_queue_stats_up") == 1
+    assert value(text, "awa_queue_counts_age_seconds") == 0   # a small backlog is counted for each read
     assert value(text, "awa_supervisor_info", supervisor_id="1", version=_version(), state="running") == 1
 
     # exactly the documented names are served (counters' families drop "_total")

@@ -85,6 +85,11 @@ SELECT c.relname::text, pg_stat_get_dead_tuples(c.oid)
   FROM pg_class c
  WHERE c.relnamespace = 'awa'::regnamespace AND c.relname = ANY(%(tables)s)
 
+-- name: take_live_census
+-- Recount live jobs per queue and state for the operator reads (migration
+-- 0025); returns seconds until the next census is due.
+SELECT awa.take_live_census()
+
 -- name: vacuum_jobs_hot
 -- SKIP_LOCKED: never wait behind a lock; a table owner's privilege is
 -- needed (a role without it gets a warning and autovacuum does the work).

@@ -9,8 +9,10 @@
 -- One row per known queue (schema: awa.queue_stats, migration 0019):
 -- counts per state, finished_10s / finished_60s (jobs that reached a
 -- terminal state in the last 10 and 60 seconds), lag_s (age of the oldest
--- available job, 0 when none) and paused. Terminal counts come from the
--- history's running counts, so the cost does not grow with history.
+-- available job, 0 when none), paused and counts_age_s (how old the live
+-- counts are: 0 when counted now, above a big backlog the age of the
+-- leader's census). Terminal counts come from the history's running
+-- counts, so the cost grows neither with history nor with the backlog.
 SELECT * FROM awa.queue_stats()
 
 -- name: live_supervisors
@@ -31,13 +33,9 @@ SELECT s.id, s.hostname, s.pid, s.version, s.queues, s.workers, s.started_at,
 SELECT * FROM awa.kind_stats(%(kind)s, %(since_s)s, %(sample)s)
 
 -- name: queue_depth
--- Live jobs per queue and state, read from the hot and deferred tables
--- only (never the terminal history), so an autoscaler or a health check
--- can poll it every second. A NULL list means every queue.
-SELECT live.queue, live.state::text, count(*)
-  FROM (SELECT h.queue, h.state FROM awa.jobs_hot h
-         WHERE %(queues)s::text[] IS NULL OR h.queue = ANY(%(queues)s::text[])
-        UNION ALL
-        SELECT d.queue, d.state FROM awa.jobs_deferred d
-         WHERE %(queues)s::text[] IS NULL OR d.queue = ANY(%(queues)s::text[])) live
- GROUP BY 1, 2
+-- Live jobs per queue and state (awa.live_counts, migration 0025): the hot
+-- and deferred tables counted now, or the leader's census of them above a
+-- backlog of 100,000 live jobs, never the terminal history, so an
+-- autoscaler or a health check can poll it every second however deep the
+-- backlog. A NULL list means every queue. age_s: how old the counts are.
+SELECT c.queue, c.state, c.jobs, c.age_s FROM awa.live_counts(%(queues)s::text[]) c

@@ -1,4 +1,4 @@
-"""How awa_pool's cost grows: six curves (issue 23), each point the median of
+"""How awa_pool's cost grows: seven curves (issue 23), each point the median of
 at least three measurements, written as CSV (every measurement) and PNG.
 
     .venv/bin/python scripts/bench/scale.py                       # every curve, full sizes
@@ -19,6 +19,10 @@ Curves (full sizes; --points overrides one curve's):
   payloads     args and results of 100 B, 10 KB, 1 MB: throughput, peak RSS
                of the supervisor and of its children
   supervisors  1, 2, 4, 8 supervisors on one database: total drain rate
+  live         0, 20k, 200k, 1M, 5M available jobs (and a tenth as many
+               scheduled): the reads that count live jobs (queue_stats,
+               queue_depth, `awa-pool queues`, the dashboard's overview, a
+               scrape) and the leader's census of them
 
 Needs PostgreSQL (--server, default postgresql://postgres@127.0.0.1:5432/postgres);
 creates and drops the database awa_scale (--db). Writes
@@ -45,9 +49,10 @@ sys.path.insert(0, HERE)
 
 FULL = {"backlog": [20_000, 200_000, 1_000_000, 5_000_000], "history": [0, 1_000_000, 10_000_000],
         "scheduled": [1_000_000], "queues": [1, 10, 100, 1000], "payloads": [100, 10_000, 1_000_000],
-        "supervisors": [1, 2, 4, 8]}
+        "supervisors": [1, 2, 4, 8], "live": [0, 20_000, 200_000, 1_000_000, 5_000_000]}
 SMALL = {"backlog": [2_000, 20_000, 100_000], "history": [0, 50_000, 200_000], "scheduled": [50_000],
-         "queues": [1, 10, 100], "payloads": [100, 10_000, 100_000], "supervisors": [1, 2]}
+         "queues": [1, 10, 100], "payloads": [100, 10_000, 100_000], "supervisors": [1, 2],
+         "live": [0, 20_000, 200_000]}
 
 
 class Context:
@@ -146,7 +151,7 @@ def summary(rows: List[Dict[str, Any]]) -> List[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--curves", default=",".join(FULL), help="comma-separated; default: all six")
+    parser.add_argument("--curves", default=",".join(FULL), help="comma-separated; default: all seven")
     parser.add_argument("--size", choices=("full", "small"), default="full")
     parser.add_argument("--points", help="this curve's points, comma-separated (one curve only)")
     parser.add_argument("--reps", type=int, default=3, help="measurements per point (median)")

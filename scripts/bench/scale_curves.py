@@ -1,6 +1,7 @@
 """The curves of scale.py that run supervisors on a big live state: backlog
 depth, jobs due at once, queue count, payload size, supervisor count. The
-history curve (operator reads) lives in scale_history.py.
+history curve (operator reads) lives in scale_history.py, the live curve
+(reads that count live jobs) in scale_live.py.
 
 Each function takes the Context and the curve's points, builds each point's
 state with scale_build, measures it ctx.reps times and records every
@@ -15,6 +16,7 @@ import scale_build as build
 from scale_fleet import (Fleet, background_pids, backend_pids, cpu_seconds, done_count, drain_rate,
                          machine_times, p50_p99, peak_rss, probe_pickups, wait_for)
 from scale_history import history  # noqa: F401  (scale.py looks curves up here)
+from scale_live import live  # noqa: F401
 
 Q = "scale"
 # The backlog's supervisors serve Q with priority aging off: with the

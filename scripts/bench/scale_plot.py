@@ -44,9 +44,17 @@ PANELS: Dict[str, List[Tuple[str, List[str], str, bool]]] = {
                  ("payload moved (args in + result out)", ["payload in and out"], "MB/s", False),
                  ("peak RSS", ["peak RSS supervisor", "peak RSS child (max)"], "MiB", False)],
     "supervisors": [("total drain rate", ["drain"], "jobs/s", False)],
+    "live": [("reads that count live jobs", ["queue_stats", "queue_depth", "awa-pool queues",
+                                              "dashboard overview", "Prometheus scrape"], "ms (log)", True),
+             ("while two supervisors drain the backlog", ["queue_stats while draining",
+                                                          "queue_depth while draining"], "ms (log)", True),
+             ("finished_10s while draining: estimate / exact", ["finished_10s, estimate / exact"], "ratio",
+              False),
+             ("the leader's census", ["census"], "ms (log)", True)],
 }
 GOALS = {("backlog", "pickup p99"): 5.0, ("history", "queue_stats"): 100.0,
-         ("history", "dashboard overview"): 100.0}
+         ("history", "dashboard overview"): 100.0, ("live", "queue_stats"): 100.0,
+         ("live", "dashboard overview"): 100.0}
 
 
 def load(path: str) -> Tuple[str, Dict[str, str], Dict[Tuple[float, str], List[float]]]:
@@ -81,6 +89,7 @@ def plot(*paths: str, out_dir: Optional[str] = None, out: Optional[str] = None,
     styles = ["-", "--", ":", "-."]
     colours = [plt.get_cmap("tab20")(k) for k in range(20)]
     for ax, (title, metrics, ylabel, logy) in zip(axes[0], panels):
+        labelled = set()
         for i, (_, _, data) in enumerate(loaded):
             for j, metric in enumerate(metrics):   # one colour per metric, one line style per run
                 points = sorted(p for p, m in data if m == metric)
@@ -91,7 +100,8 @@ def plot(*paths: str, out_dir: Optional[str] = None, out: Optional[str] = None,
                 hi = [max(data[(p, metric)]) - m for p, m in zip(points, med)]
                 ax.errorbar(points, med, yerr=[lo, hi], marker="o" if i == 0 else "s", capsize=3,
                             linestyle=styles[i % 4], color=colours[j % len(colours)], markersize=4,
-                            label=metric if i == 0 or len(loaded) == 1 else None)
+                            label=None if metric in labelled else metric)
+                labelled.add(metric)
         xs = sorted({p for _, _, d in loaded for p, m in d if m in metrics})
         positive = [x for x in xs if x > 0]
         if positive and positive[-1] / positive[0] >= 10:
