@@ -70,7 +70,8 @@ def main(paths):
             elif w == "W5":
                 other = f"hi share {fmt(e, 'hi_share', '{:.3f}')}"
             elif w == "W6":
-                other = (f"busy {fmt(e, 'busy_ratio', '{:.2f}')}; in-run job {fmt(e, 'mean_job_ms', '{:.0f}')} ms; "
+                other = (f"×bare {fmt(e, 'bare_ratio', '{:.3f}')} (bare {fmt(e, 'bare_jobs_per_s', '{:.1f}')}/s); "
+                         f"busy {fmt(e, 'busy_ratio', '{:.2f}')}; in-run job {fmt(e, 'mean_job_ms', '{:.0f}')} ms; "
                          f"startup {fmt(e, 'startup_s', '{:.2f}')} s")
             if e.get("duplicates_total") or e.get("missing_total"):
                 other += f"; DUPLICATES {e['duplicates_total']} MISSING {e['missing_total']}"
