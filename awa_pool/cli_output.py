@@ -254,13 +254,20 @@ def queues_table(overviews: Sequence[Any]) -> str:
     return text + census_note(overviews)
 
 
-def census_note(overviews: Sequence[Any]) -> str:
-    """A line under live counts that are not counted now (QueueDepth.counts_age_s)."""
+def census_phrase(overviews: Sequence[Any]) -> str:
+    """How old live counts are when they are not counted now
+    (QueueDepth.counts_age_s), or "" when they are: the CLI, top and the
+    dashboard say it the same way."""
     age = max((q.counts_age_s for q in overviews), default=0.0)
-    if not age:
+    return f"live counts as of the leader's census {seconds(age)} ago" if age else ""
+
+
+def census_note(overviews: Sequence[Any]) -> str:
+    """A line under live counts that are not counted now."""
+    phrase = census_phrase(overviews)
+    if not phrase:
         return ""
-    return (f"\nlive counts as of the leader's census {seconds(age)} ago "
-            "(a backlog this deep is recounted every few seconds, not on every read)")
+    return f"\n{phrase} (a backlog this deep is recounted every few seconds, not on every read)"
 
 
 def queue_json(overview: Any) -> dict:

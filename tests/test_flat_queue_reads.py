@@ -8,6 +8,8 @@ big backlog or a fast drain; what it saves is measured in
 scripts/bench/scale.py (curve "live") and docs/benchmarks.md."""
 from __future__ import annotations
 
+import html
+
 import apps.basic  # noqa: F401  (registers "add" for drain)
 import awa_pool
 from awa_pool import Job
@@ -64,7 +66,7 @@ def test_above_the_threshold_reads_use_the_census_and_say_how_old_it_is(conn, ds
     assert "live counts as of the leader's census" in shown, shown
     assert '"counts_age_s"' in ok("queues", "--json", "--database-url", dsn)
     page = create_app(dsn).test_client().get("/fragment/overview")
-    assert page.status_code == 200 and "live counts as of the leader's census" in page.text, page.text
+    assert page.status_code == 200 and "live counts as of the leader's census" in html.unescape(page.text), page.text
 
     _census(dsn)
     assert _counts(conn) == {"q1": (37, 0, True), "q2": (0, 5, True)}

@@ -18,7 +18,7 @@ import psycopg2
 from flask import Flask, render_template, request
 from werkzeug.exceptions import HTTPException, NotFound
 
-from ..cli_output import age, rate, seconds, size, stamp
+from ..cli_output import age, census_phrase, rate, seconds, size, stamp
 from ..db import redact
 from ..errors import DatabaseUnavailable, SchemaMissing
 from . import actions, auth, pages
@@ -87,7 +87,7 @@ def create_app(dsn: Optional[str] = None, *, read_only: bool = False, token: Opt
     app.jinja_env.autoescape = True
     app.jinja_env.filters.update(
         ago=_ago, stamp=_stamp, seconds=seconds, size=size, rate=rate, pretty_json=_pretty_json,
-        number=_number)
+        number=_number, census=census_phrase)
 
     # globals, not a context processor: imported macros see globals only
     app.jinja_env.globals.update(read_only=read_only, csrf_token=auth.csrf_token, state_class=STATE_CLASSES,
