@@ -186,11 +186,11 @@ class _Broken(Service):
 
 
 def test_maintenance_runs_due_services_and_survives_a_failing_one(auto) -> None:
-    fast, slow = _Counting("fast", 0.0), _Counting("slow", 3600.0)
+    fast, slow = _Counting("fast", 0.25), _Counting("slow", 3600.0)
     runner = Maintenance([_Broken(), fast, slow])
     with auto.cursor() as cur:
-        for _ in range(3):
-            runner.run_due(cur)
+        for step in range(3):
+            runner.run_due(cur, now=1000.0 + step * 0.25)
     assert (fast.calls, slow.calls) == (3, 1), "each service on its own interval"
     assert runner.last_error is not None and "division by zero" in runner.last_error
     runner.reset()
@@ -198,6 +198,28 @@ def test_maintenance_runs_due_services_and_survives_a_failing_one(auto) -> None:
         runner.run_due(cur)
     assert slow.calls == 2, "a new leader runs everything at once"
     assert runner.get("fast") is fast
+
+
+def test_services_due_together_run_in_one_pass_and_an_overrun_skips_missed_steps(auto) -> None:
+    quarter, second, odd = _Counting("quarter", 0.25), _Counting("second", 1.0), _Counting("odd", 0.6)
+    runner = Maintenance([quarter, second, odd])
+    passes = []
+    with auto.cursor() as cur:
+        now = 1000.0
+        while now < 1002.0:
+            before = (quarter.calls, second.calls, odd.calls)
+            wait = runner.run_due(cur, now=now)
+            passes.append((round(now - 1000.0, 3), tuple(a - b for a, b in zip(
+                (quarter.calls, second.calls, odd.calls), before))))
+            now = min(runner.next_run.values())
+            assert wait == pytest.approx(0.25, abs=0.01)
+    # one pass per grid step, each running every service due at it (the
+    # 0.6 s one rounded up to the grid: 0.75, 1.5)
+    assert [at for at, _ in passes] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75], passes
+    assert dict(passes)[0.0] == (1, 1, 1) and dict(passes)[1.0] == (1, 1, 0) and dict(passes)[0.75] == (1, 0, 1)
+    with auto.cursor() as cur:
+        runner.run_due(cur, now=1003.1)   # 1.1 s late: the next pass is the next step, not a burst
+        assert runner.run_due(cur, now=1003.1) == pytest.approx(0.15, abs=0.01)
 
 
 def test_maintenance_lets_a_lost_session_through(dsn) -> None:
