@@ -345,7 +345,7 @@ class Maintenance:
     def _next_due(self, due: float, interval: float, now: float) -> float:
         """The first grid step at or after due + interval, and after now (a
         pass that overran skips the steps it missed instead of bunching)."""
-        start = self.grid_start if self.grid_start is not None else now
+        start = self.grid_start or 0.0   # set by run_due's first pass
         wanted = max(due + interval, now + 1e-6)
         return start + math.ceil((wanted - start) / PASS_GRID_S - 1e-9) * PASS_GRID_S
 
@@ -363,6 +363,7 @@ class Maintenance:
         `last_error` names the services that failed in this pass (or None)."""
         now = time.monotonic() if now is None else now
         started = time.monotonic()
+        clock = lambda: now + time.monotonic() - started  # noqa: E731  (`now` moved on by real time)
         if self.grid_start is None:
             self.grid_start = now
         errors: List[str] = []
@@ -378,10 +379,10 @@ class Maintenance:
                     # a schema function) must not stop the others or cost the lock
                     errors.append(f"{service.name}: {first_line(exc)}")
                     log.warning("maintenance service %s failed: %s", service.name, first_line(exc))
-                after = now + (time.monotonic() - started)
+                after = clock()
                 self.next_run[service.name] = after if service.more else self._next_due(due, service.interval, after)
         self.last_error = "; ".join(errors) or None
-        return max(0.0, min(self.next_run.values(), default=now + 1.0) - (now + time.monotonic() - started))
+        return max(0.0, min(self.next_run.values(), default=now + 1.0) - clock())
 
     def get(self, name: str) -> Service:
         for service in self.services:
