@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import multiprocess
 
 from .child import EXIT_HOOK_FAILED
 from .inflight import InFlight
-from .protocol import FrameReader, Outbox, StatusBlock
+from .protocol import ClaimedJob, FrameReader, Outbox, StatusBlock
 
 
 TAKE_BACK_AFTER_S = 0.1   # jobs queued behind one running longer than this are taken back (at least)
@@ -71,6 +71,15 @@ class ChildHandle:
 
     def holds(self, job_id: int) -> bool:
         return any(job.id == job_id for job in self.inflight)
+
+    def holds_less_urgent(self, than: int, urgency: Callable[[ClaimedJob], int]) -> bool:
+        """Does it hold queued jobs, each kept for sending again, of which
+        one is less urgent than `than`?"""
+        if len(self.inflight) < 2 or than >= self.lowest_priority:
+            return False  # nothing queued, or nothing less urgent (aging only makes jobs more urgent)
+        queued = self.inflight[1:]  # the first may be running
+        return all(job.claimed is not None for job in queued) and than < max(
+            urgency(job.claimed) for job in queued)
 
 
 F_SETPIPE_SZ = 1031

@@ -189,31 +189,47 @@ class Children:
         urgent than one of those, take the queued ones back and return them
         merged with the refill, most urgent first (the held ones first among
         equals): the urgent job then waits only for the job running now, not
-        for the whole batch. The child skips the old copies and reports them
-        released; `overtaken` drops those reports. A held job too big to
-        have been kept (RESEND_MAX_BYTES) keeps the order as it is."""
-        if not jobs or not self.holds_less_urgent(child, urgency(jobs[0]), urgency):  # most urgent first
+        for the whole batch. A held job too big to have been kept
+        (RESEND_MAX_BYTES) keeps the order as it is."""
+        if not jobs or not child.holds_less_urgent(urgency(jobs[0]), urgency):  # most urgent first
             return jobs
-        first = child.status.take_back(child.inflight[0].position, child.next_position, timeout=0.005)
+        moved = self.withdraw(child, len(child.inflight))
+        if moved:
+            self.overtakes += 1
+        return sorted(moved + list(jobs), key=urgency)
+
+    def withdraw(self, child: ChildHandle, count: int) -> List[ClaimedJob]:
+        """Take back up to the last `count` jobs the child holds queued, to be
+        sent again (to it, or to another child: same leases). The child
+        skips its copies and reports them released; `overtaken` drops those
+        reports. Only jobs kept for sending again (RESEND_MAX_BYTES) can be:
+        [] if one is not, or if all have started."""
+        if not child.inflight or any(job.claimed is None for job in child.inflight[1:]):
+            return []
+        start = child.inflight[max(0, len(child.inflight) - count)].position
+        first = child.status.take_back(start, child.next_position, timeout=0.005)
         if first is None:
-            return jobs
-        self.overtakes += 1
+            return []
         moved = [job for job in child.inflight if job.position >= first]
         child.inflight = [job for job in child.inflight if job.position < first]
         for job in moved:
             key = (job.id, job.lease)
             child.overtaken[key] = child.overtaken.get(key, 0) + 1
-        return sorted([job.claimed for job in moved] + list(jobs), key=urgency)
+        return [job.claimed for job in moved]
 
-    @staticmethod
-    def holds_less_urgent(child: ChildHandle, than: int, urgency: Callable[[ClaimedJob], int]) -> bool:
-        """Does the child hold queued jobs, each kept for sending again, of
-        which one is less urgent than `than`?"""
-        if len(child.inflight) < 2 or than >= child.lowest_priority:
-            return False  # nothing queued, or nothing less urgent (aging only makes jobs more urgent)
-        queued = child.inflight[1:]  # the first may be running
-        return all(job.claimed is not None for job in queued) and than < max(
-            urgency(job.claimed) for job in queued)
+    def fullest(self) -> Optional[ChildHandle]:
+        """The busy child holding the most jobs queued behind the one it
+        runs, all of one queue and kept for sending again (None: none holds any)."""
+        best, most = None, 0
+        for child in self.by_slot.values():
+            if len(child.inflight) < 2 or child.stopping or child.kill_reason is not None:
+                continue
+            queued = self.unstarted(child)
+            if queued > most and child.running_job()[0] and all(
+                    job.claimed is not None and job.queue == child.inflight[-1].queue
+                    for job in child.inflight[1:]):
+                best, most = child, queued
+        return best
 
     def serving(self, queue: str) -> List[ChildHandle]:
         """Children whose latest jobs are of this queue and that may take more."""

@@ -222,6 +222,8 @@ class _LiveCollector:
                                   value=sup.completer.flushes)
         yield CounterMetricFamily("awa_overtakes", "Refills whose more urgent jobs overtook jobs a child "
                                   "held queued.", value=sup.children.overtakes)
+        yield CounterMetricFamily("awa_handovers", "Jobs a busy child held queued that an idle child took "
+                                  "over.", value=sup.claimer.handovers)
         yield CounterMetricFamily("awa_urgent_claims", "Claims of new priority-1 jobs by the urgent lane that "
                                   "handed one out.", value=sup.lane.rushes if sup.lane else 0)
         info = GaugeMetricFamily("awa_supervisor_info", "Always 1; labels describe this supervisor.",

@@ -418,6 +418,7 @@ class Supervisor:
             counters=dict(self.counters, claims=self.claimer.claims, empty_claims=self.claimer.empty_claims,
                           claimed_jobs=self.claimer.claimed_jobs, completion_flushes=self.completer.flushes,
                           completion_rides=self.completer.rides, overtakes=self.children.overtakes,
+                          handovers=self.claimer.handovers,
                           urgent_claims=self.lane.rushes if self.lane else 0),
             listen=self.session.listen_ok)
 

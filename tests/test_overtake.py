@@ -1,8 +1,9 @@
-"""An urgent job overtakes the jobs a child holds queued: a refill that
-brings a job more urgent than some a child has not started yet takes those
-back and sends them again behind it, so the urgent job waits only for the
-job running now. Every job still runs exactly once, under the lease it was
-claimed with, and a child killed mid-way loses none."""
+"""Jobs a child holds queued move. An urgent job overtakes them: a refill
+that brings a job more urgent than some a child has not started yet takes
+those back and sends them again behind it, so the urgent job waits only for
+the job running now. A child left idle takes them over. Every job still
+runs exactly once, under the lease it was claimed with, and a child killed
+mid-way loses none."""
 from __future__ import annotations
 
 import os
@@ -476,3 +477,52 @@ def test_a_backlog_claim_leaves_new_priority_1_jobs_to_the_lane_unless_a_rush_le
     more = enqueue_jobs(dsn, [Job("noop", {}, queue="gates", priority=p) for p in (2, 2, 1)])
     assert claim_ids(1) == [more[2]]
     assert claim_ids(2) == more[:2]
+
+
+def test_an_idle_child_takes_over_what_another_holds_queued(loopless_supervisor, dsn, tmp_path) -> None:
+    """Nothing left to claim, one child idle and another holding jobs queued
+    behind a long one: the idle child takes over the later half of them
+    (no claim, same leases) and runs them at once, until the busy child
+    holds only the job it runs; within the queue's max. Every job runs once."""
+    from awa_pool.config import QueueConfig
+
+    sup = loopless_supervisor
+    gates = _Gates(tmp_path)
+    ids = enqueue_jobs(dsn, [gates.job(held=True)] + [gates.job() for _ in range(4)])
+    busy, pump_busy = _ready_child(sup)
+    claimed = _claim(sup, 5)
+    leases = {job.id: job.lease for job in claimed}
+    sup.children.assign(busy, "gates", claimed)
+    wait_for(lambda: pump_busy() and busy.running_job()[0] == ids[0], timeout=30, message="job A to start")
+    idle = sup.children.spawn(1)
+    wait_for(lambda: sup._on_child_readable(idle) or idle.ready, timeout=30, message="the second child")
+    sup.claimer.no_work("gates")   # nothing left to claim
+    claims = sup.claimer.claims
+
+    sup.claimer.queues["gates"] = QueueConfig(max=1)
+    sup.claimer.hand_out()
+    assert [job.id for job in busy.inflight] == ids and not idle.inflight, "the queue's max is one child"
+
+    sup.claimer.queues["gates"] = QueueConfig()
+    sup.claimer.hand_out()
+    assert [job.id for job in busy.inflight] == ids[:3] and [job.id for job in idle.inflight] == ids[3:]
+
+    def taken_over_all() -> bool:
+        sup._on_child_readable(idle)
+        sup._on_child_readable(busy)
+        sup.claimer.hand_out()
+        return len(busy.inflight) == 1 and not idle.inflight
+
+    wait_for(taken_over_all, timeout=30, message="the idle child to run every job queued behind A")
+    assert sup.claimer.claims == claims, "taking over needs no claim"
+    assert sup.stats()["counters"]["handovers"] == 4
+    assert sorted(gates.starts()) == sorted((i, leases[i]) for i in ids), \
+        "each job starts once, under the lease it was claimed with, while A still runs"
+    gates.held.touch()
+    wait_for(lambda: pump_busy() and not busy.inflight, timeout=30, message="job A and the released copies")
+    assert busy.overtaken == {}, "the busy child reported every copy it skipped"
+    assert sup.completer.drain(10), "the completer did not write its outcomes"
+    assert sorted(gates.starts()) == sorted((i, leases[i]) for i in ids), "no job ran twice"
+    for job_id, lease in leases.items():
+        row = job_row(dsn, job_id)
+        assert (row["state"], row["attempt"], row["result"]) == ("completed", 1, {"lease": lease}), row
