@@ -204,8 +204,8 @@ class Children:
         skips its copies and reports them released; `overtaken` drops those
         reports. Only jobs kept for sending again (RESEND_MAX_BYTES) can be:
         [] if one is not, or if all have started."""
-        if not child.inflight or any(job.claimed is None for job in child.inflight[1:]):
-            return []
+        if count <= 0 or not child.inflight or any(job.claimed is None for job in child.inflight[1:]):
+            return []  # (a count read a moment ago may be 0 now: the child started its next job)
         start = child.inflight[max(0, len(child.inflight) - count)].position
         first = child.status.take_back(start, child.next_position, timeout=0.005)
         if first is None:

@@ -27,13 +27,6 @@ TURN_JOB_FLOOR_S = 0.0001    # a job costs a turn at least this much of a child'
 LOOK_FROM_START_EVERY_S = 0.5  # a backlog's claims use a cursor; one claim this often does not
 RUSH_EVERY_S = 0.005         # at most one early claim of urgent jobs per queue this often
 SHARED_REFILL_FROM_S = 0.01  # jobs this long: a refill claim also tops up the queue's other children
-# Jobs of 10-250 ms: a child holds up to LONG_DEPTH per batch, and no more
-# than QUEUED_WORK_S of them. A claim with the completions it carries costs
-# about 2.5 ms of server and supervisor CPU on a 2-vCPU VM: at two per
-# batch, 45 ms jobs on two children took a claim per three jobs, about 2 %
-# of the cores; at four, a claim per six (scripts/cpu_per_job.py, issue 23).
-LONG_DEPTH = 4
-QUEUED_WORK_S = 0.3
 # A rush claim's cursor: priority 1 from the start, the other levels past
 # their end (it claims nothing else: a job another supervisor took first
 # leaves it empty-handed, not holding a backlog job it has no use for).
@@ -158,16 +151,13 @@ class Claimer:
     def _depth(self, queue: str) -> int:
         """Jobs per child per claim: about TARGET_BATCH_S of work, and at
         least two of jobs short enough to queue ahead (a batch of one costs
-        a claim, a completion and two wake-ups per job); long jobs up to
-        LONG_DEPTH, within QUEUED_WORK_S of work (a child idle at the end of
-        a backlog takes over what another holds queued: _hand_over)."""
+        a claim, a completion and two wake-ups per job; at most two such
+        jobs wait behind a running one)."""
         seconds = self.job_seconds.get(queue)
         if seconds is None:
             return 1
         depth = int(TARGET_BATCH_S / max(seconds, 1e-6))
-        if SHARED_REFILL_FROM_S <= seconds < PREFETCH_BELOW_S:
-            depth = max(2, min(LONG_DEPTH, int(QUEUED_WORK_S / seconds + 1e-9)))
-        elif seconds < PREFETCH_BELOW_S:
+        if seconds < PREFETCH_BELOW_S:
             depth = max(2, depth)
         return max(1, min(self.config.max_batch_per_child, depth))
 

@@ -313,9 +313,7 @@ def test_jobs_queued_behind_a_long_job_are_taken_back(dsn, pools):
     (0.0001, 40),     # short jobs: about 4 ms of work per batch
     (0.00001, 64),    # ...up to max_batch_per_child
     (0.003, 2),       # jobs worth queueing ahead come at least two per batch
-    (0.025, 4),       # jobs of 10 ms and more: up to four, a claim's cost spread over more jobs
-    (0.075, 4),
-    (0.1, 3),         # ...within 0.3 s of queued work
+    (0.025, 2),
     (0.2, 2),         # W6's zlib jobs of 75-85 ms on a slow machine still get a next one queued
     (0.3, 1),         # long jobs: one at a time, nothing queued behind them
 ])
@@ -398,7 +396,7 @@ def test_a_refill_of_long_jobs_serves_every_child_of_the_queue() -> None:
     claimer = Claimer(PoolConfig(dsn="postgresql://unused"), children=table, db=None,
                       connected=lambda: True, on_claimed=lambda queue, rows: None)
     claimer.queues = {"q": QueueConfig()}
-    claimer.record_job_time("q", 0.15)
+    claimer.record_job_time("q", 0.045)
     assert claimer._depth("q") == 2
     need, extra = claimer._shared_refill("q", [a, d])
     assert need == [a] and extra == [(b, 1), (d, 1)]   # c holds a batch already
@@ -409,10 +407,9 @@ def test_a_refill_of_long_jobs_serves_every_child_of_the_queue() -> None:
     assert table.given == {a: 2, b: 1}   # short claim: the child that asked is served first
 
 
-def test_long_jobs_on_two_children_take_a_claim_per_four_jobs_or_more(dsn, pools) -> None:
-    """20 ms jobs on two children: batches of four, and a refill claim
-    serves both children (a claim per two jobs with neither, about one per
-    three with batches of two; 0.22 measured), every job runs once."""
+def test_long_jobs_on_two_children_take_a_claim_per_three_jobs(dsn, pools) -> None:
+    """20 ms jobs on two children: a refill claim serves both children (a
+    claim per two jobs before), every job runs once."""
     ids = enqueue_jobs(dsn, [Job("sleep", {"seconds": 0.02}) for _ in range(120)])
     supervisor = pools.start("--queue", "default", workers=2)
     wait_for(lambda: states(dsn) == {"completed": 120}, timeout=60, message="120 jobs of 20 ms")
@@ -420,5 +417,5 @@ def test_long_jobs_on_two_children_take_a_claim_per_four_jobs_or_more(dsn, pools
     assert supervisor.wait(timeout=30) == 0
     (stats,), = query(dsn, "SELECT stats FROM awa.supervisors")
     assert stats["counters"]["claimed_jobs"] == 120
-    assert stats["counters"]["claims"] <= 0.28 * 120, stats["counters"]
+    assert stats["counters"]["claims"] <= 0.42 * 120, stats["counters"]
     assert query(dsn, "SELECT count(*) FROM awa.jobs WHERE id = ANY(%s) AND attempt = 1", (ids,)) == [(120,)]

@@ -502,6 +502,7 @@ def test_an_idle_child_takes_over_what_another_holds_queued(loopless_supervisor,
     sup.claimer.queues["gates"] = QueueConfig(max=1)
     sup.claimer.hand_out()
     assert [job.id for job in busy.inflight] == ids and not idle.inflight, "the queue's max is one child"
+    assert sup.children.withdraw(busy, 0) == [], "a count read before the child started its next job"
 
     sup.claimer.queues["gates"] = QueueConfig()
     sup.claimer.hand_out()
