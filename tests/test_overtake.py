@@ -527,3 +527,30 @@ def test_an_idle_child_takes_over_what_another_holds_queued(loopless_supervisor,
     for job_id, lease in leases.items():
         row = job_row(dsn, job_id)
         assert (row["state"], row["attempt"], row["result"]) == ("completed", 1, {"lease": lease}), row
+
+
+def test_a_child_killed_after_a_hand_over_loses_no_job(loopless_supervisor, dsn, tmp_path) -> None:
+    """SIGKILL the busy child after an idle one took over its queued jobs:
+    those still run once on the other child, under their leases; the job
+    it ran is retried and the one it still held goes back to the queue."""
+    sup = loopless_supervisor
+    gates = _Gates(tmp_path)
+    busy, pump_busy, (a_id, b_id, c_id) = _running_a_then_two(sup, gates, dsn, priority=2)
+    idle = sup.children.spawn(1)
+    wait_for(lambda: sup._on_child_readable(idle) or idle.ready, timeout=30, message="the second child")
+    sup.claimer.no_work("gates")
+    sup.claimer.hand_out()
+    assert [job.id for job in busy.inflight] == [a_id, b_id] and [job.id for job in idle.inflight] == [c_id]
+    c_lease = idle.inflight[0].lease
+
+    busy.process.kill()
+    busy.process.join(timeout=10)
+    assert busy.process.exitcode == -signal.SIGKILL
+    sup._on_child_exit(busy)   # what the loop does when the child's sentinel fires
+    wait_for(lambda: sup._on_child_readable(idle) or not idle.inflight, timeout=30, message="job C on the other child")
+    assert sup.completer.drain(10), "the completer did not write its outcomes"
+    row = job_row(dsn, c_id)
+    assert (row["state"], row["attempt"], row["result"]) == ("completed", 1, {"lease": c_lease}), row
+    assert job_row(dsn, b_id)["state"] == "available", "the job the dead child held unstarted goes back"
+    assert job_row(dsn, a_id)["state"] in ("retryable", "available"), "the crashed job is retried"
+    assert sorted(start[0] for start in gates.starts()) == sorted([a_id, c_id]), "C ran once, B never started"
