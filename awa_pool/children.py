@@ -217,12 +217,14 @@ class Children:
             child.overtaken[key] = child.overtaken.get(key, 0) + 1
         return [job.claimed for job in moved]
 
-    def fullest(self) -> Optional[ChildHandle]:
+    def fullest(self, eligible: Callable[[str], bool]) -> Optional[ChildHandle]:
         """The busy child holding the most jobs queued behind the one it
-        runs, all of one queue and kept for sending again (None: none holds any)."""
+        runs, all of one eligible queue and kept for sending again (None:
+        none holds any)."""
         best, most = None, 0
         for child in self.by_slot.values():
-            if len(child.inflight) < 2 or child.stopping or child.kill_reason is not None:
+            if (len(child.inflight) < 2 or child.stopping or child.kill_reason is not None
+                    or not eligible(child.inflight[-1].queue)):
                 continue
             queued = self.unstarted(child)
             if queued > most and child.running_job()[0] and all(

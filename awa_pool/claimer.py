@@ -210,9 +210,12 @@ class Claimer:
         end of a backlog, or when one child's jobs ran longer than the
         other's, they start now instead of after the job ahead of them.
         Half of the fullest child's queued jobs each time (rounded up), as
-        the queue's max allows; same leases, no database round trip."""
+        the queue's max allows; same leases, no database round trip. Only
+        for jobs of SHARED_REFILL_FROM_S and more (or not timed yet): short
+        ones queued behind a running one start within milliseconds anyway."""
         for child in self.children.idle():
-            donor = self.children.fullest()
+            donor = self.children.fullest(
+                lambda name: self.job_seconds.get(name, SHARED_REFILL_FROM_S) >= SHARED_REFILL_FROM_S)
             if donor is None or self._room(donor.inflight[-1].queue) <= 0:
                 return
             name = donor.inflight[-1].queue

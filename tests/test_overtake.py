@@ -483,7 +483,8 @@ def test_an_idle_child_takes_over_what_another_holds_queued(loopless_supervisor,
     """Nothing left to claim, one child idle and another holding jobs queued
     behind a long one: the idle child takes over the later half of them
     (no claim, same leases) and runs them at once, until the busy child
-    holds only the job it runs; within the queue's max. Every job runs once."""
+    holds only the job it runs; within the queue's max, and for jobs of
+    10 ms and more. Every job runs once."""
     from awa_pool.config import QueueConfig
 
     sup = loopless_supervisor
@@ -498,6 +499,10 @@ def test_an_idle_child_takes_over_what_another_holds_queued(loopless_supervisor,
     wait_for(lambda: sup._on_child_readable(idle) or idle.ready, timeout=30, message="the second child")
     sup.claimer.no_work("gates")   # nothing left to claim
     claims = sup.claimer.claims
+    sup.claimer.job_seconds["gates"] = 0.001
+    sup.claimer.hand_out()
+    assert not idle.inflight, "jobs of a millisecond queued behind a running one are not taken over"
+    sup.claimer.job_seconds["gates"] = 1.0   # long jobs (the test's quick ones pull the average down slowly)
 
     sup.claimer.queues["gates"] = QueueConfig(max=1)
     sup.claimer.hand_out()
