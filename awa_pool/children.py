@@ -217,10 +217,10 @@ class Children:
             child.overtaken[key] = child.overtaken.get(key, 0) + 1
         return [job.claimed for job in moved]
 
-    def fullest(self, eligible: Callable[[str], bool]) -> Optional[ChildHandle]:
+    def fullest(self, eligible: Callable[[str], bool]) -> Tuple[Optional[ChildHandle], int]:
         """The busy child holding the most jobs queued behind the one it
-        runs, all of one eligible queue and kept for sending again (None:
-        none holds any)."""
+        runs, all of one eligible queue and kept for sending again, and how
+        many ((None, 0): none holds any)."""
         best, most = None, 0
         for child in self.by_slot.values():
             if (len(child.inflight) < 2 or child.stopping or child.kill_reason is not None
@@ -231,7 +231,7 @@ class Children:
                     job.claimed is not None and job.queue == child.inflight[-1].queue
                     for job in child.inflight[1:]):
                 best, most = child, queued
-        return best
+        return best, most
 
     def serving(self, queue: str) -> List[ChildHandle]:
         """Children whose latest jobs are of this queue and that may take more."""

@@ -214,12 +214,12 @@ class Claimer:
         for jobs of SHARED_REFILL_FROM_S and more (or not timed yet): short
         ones queued behind a running one start within milliseconds anyway."""
         for child in self.children.idle():
-            donor = self.children.fullest(
+            donor, queued = self.children.fullest(
                 lambda name: self.job_seconds.get(name, SHARED_REFILL_FROM_S) >= SHARED_REFILL_FROM_S)
             if donor is None or self._room(donor.inflight[-1].queue) <= 0:
                 return
             name = donor.inflight[-1].queue
-            jobs = self.children.withdraw(donor, -(-self.children.unstarted(donor) // 2))
+            jobs = self.children.withdraw(donor, -(-queued // 2))
             if jobs:
                 self.children.assign(child, name, jobs, patience=self._patience(name))
                 self.handovers += len(jobs)
