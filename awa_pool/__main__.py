@@ -1,4 +1,4 @@
 """`python -m awa_pool` runs the CLI."""
-from .cli import main
+from .ops.cli import main
 
 main()

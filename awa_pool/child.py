@@ -19,11 +19,11 @@ import time
 import traceback
 from typing import Any, List, Optional, Sequence
 
-from .execute import run as run_job
-from .protocol import (DONE, LOW, PROGRESS, READY, REPLY, REQUEST, RUN, STOP, ClaimedJob, Outcome,
-                       StatusBlock, recv_blocking, send)
-from .tasks import child_start_hooks
-from .tracing import flush as flush_spans
+from .worker.execute import run as run_job
+from .worker.protocol import (DONE, LOW, PROGRESS, READY, REPLY, REQUEST, RUN, STOP, ClaimedJob, Outcome,
+                              StatusBlock, recv_blocking, send)
+from .core.tasks import child_start_hooks
+from .core.tracing import flush as flush_spans
 
 EXIT_HOOK_FAILED = 73   # an on_child_start hook raised: the supervisor must not respawn
 FLUSH_AFTER_S = 0.002   # send buffered outcomes at least this often during a batch

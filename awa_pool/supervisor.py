@@ -22,27 +22,27 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 import psycopg2
 import psycopg2.extensions
 
-from .cancels import CancelRelay
+from .worker.cancels import CancelRelay
 from .child import EXIT_HOOK_FAILED
-from .children import ChildHandle, Children, Released
-from .completer import BackgroundCompleter
-from .claimer import Claimer, Db
-from .config import PoolConfig, QueueConfig
-from .db import describe, socket_of
-from .errors import AwaError, ConfigError
-from .inflight import Finished
-from .leader import Leader
-from .lifecycle import RUNNING, STOPPED, Lifecycle
-from .maintenance import Maintenance, default_services
-from .registration import read_queue_settings
-from .session import Session
-from .protocol import PROGRESS, REPLY, REQUEST, ClaimedJob, Outcome
-from .requests import answer as answer_request
-from .signals import SignalRelay
-from .sql import QUERIES
-from .tasks import all_tasks, import_app
-from .urgent_lane import StateLock, UrgentLane
-from .version import __version__
+from .worker.children import ChildHandle, Children, Released
+from .worker.completer import BackgroundCompleter
+from .worker.claimer import Claimer, Db
+from .core.config import PoolConfig, QueueConfig
+from .core.db import describe, socket_of
+from .core.errors import AwaError, ConfigError
+from .worker.inflight import Finished
+from .worker.leader import Leader
+from .worker.lifecycle import RUNNING, STOPPED, Lifecycle
+from .worker.maintenance import Maintenance, default_services
+from .worker.registration import read_queue_settings
+from .worker.session import Session
+from .worker.protocol import PROGRESS, REPLY, REQUEST, ClaimedJob, Outcome
+from .worker.requests import answer as answer_request
+from .worker.signals import SignalRelay
+from .core.sql import QUERIES
+from .core.tasks import all_tasks, import_app
+from .worker.urgent_lane import StateLock, UrgentLane
+from .core.version import __version__
 
 log = logging.getLogger(__name__)
 

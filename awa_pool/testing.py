@@ -21,20 +21,20 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .config import DEFAULT_AGING_S
-from .drivers import cursor_for
-from .errors import AwaError
-from .execute import run
-from .fetcher import claim
-from .enqueued import Enqueued
-from .job import DEFAULT_QUEUE, Job, JobState
-from .outcome_params import settle_entry
-from .protocol import ClaimedJob, Outcome
-from .stats import queue_depth
-from .requests import answer as answer_request
-from .sql import QUERIES
-from .tasks import all_tasks, apply_task_defaults
-from .version import __version__
+from .core.config import DEFAULT_AGING_S
+from .api.drivers import cursor_for
+from .core.errors import AwaError
+from .worker.execute import run
+from .worker.fetcher import claim
+from .testkit.enqueued import Enqueued
+from .core.job import DEFAULT_QUEUE, Job, JobState
+from .worker.outcome_params import settle_entry
+from .worker.protocol import ClaimedJob, Outcome
+from .ops.stats import queue_depth
+from .worker.requests import answer as answer_request
+from .core.sql import QUERIES
+from .core.tasks import all_tasks, apply_task_defaults
+from .core.version import __version__
 
 
 @dataclass(frozen=True)

@@ -78,8 +78,8 @@ def measure(setup: str, url: str, attempts: int) -> dict:
     import psycopg2
 
     import awa_pool
-    from awa_pool.execute import run
-    from awa_pool.protocol import ClaimedJob
+    from awa_pool.worker.execute import run
+    from awa_pool.worker.protocol import ClaimedJob
 
     span = contextlib.nullcontext()
     if setup.startswith("sdk"):
@@ -101,8 +101,8 @@ def measure(setup: str, url: str, attempts: int) -> dict:
     def noop() -> None:
         return None
 
-    from awa_pool.producer import _check_job
-    from awa_pool.tracing import producer_span
+    from awa_pool.api.producer import _check_job
+    from awa_pool.core.tracing import producer_span
 
     def checked(conn, jobs):  # what an enqueue does in Python besides its SQL
         return [_check_job(job) for job in jobs]
@@ -135,9 +135,9 @@ def measure(setup: str, url: str, attempts: int) -> dict:
 def hook_cost(n: int) -> float:
     """µs per attempt that an on_outcome hook (a no-op one) adds to the
     supervisor's loop: the OutcomeEvent built, the hook called."""
-    from awa_pool.hooks import PoolHooks
-    from awa_pool.inflight import Finished, InFlight
-    from awa_pool.protocol import Outcome
+    from awa_pool.worker.hooks import PoolHooks
+    from awa_pool.worker.inflight import Finished, InFlight
+    from awa_pool.worker.protocol import Outcome
 
     hooks = PoolHooks()
     hooks.add("outcome", lambda event: None)

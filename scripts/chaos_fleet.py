@@ -27,7 +27,7 @@ import psycopg2.extensions
 from scriptdb import create_database, drop_database, with_database
 
 RUN_ENV = "AWA_CHAOS_RUN"           # marks every process of one run, to find leftovers
-POOL_APP_NAME = "awa-pool"          # application_name of every supervisor connection (awa_pool.db)
+POOL_APP_NAME = "awa-pool"          # application_name of every supervisor connection (awa_pool.core.db)
 CHAOS_APP_NAME = "awa-chaos"
 
 

@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from awa_pool.db import redact
+from awa_pool.core.db import redact
 from chaos_faults import FAULT_KINDS, Fault, FaultInjector, Probe
 from chaos_load import Producer
 

@@ -27,7 +27,7 @@ import psycopg2  # noqa: E402
 
 import scale_build as build  # noqa: E402
 import scriptdb  # noqa: E402
-from awa_pool.fetcher import advance, claim  # noqa: E402
+from awa_pool.worker.fetcher import advance, claim  # noqa: E402
 
 BATCH = 64
 

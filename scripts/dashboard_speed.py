@@ -106,8 +106,8 @@ def fill(url: str, history: int, queued: int, *, say: Any = print) -> Dict[str, 
     """Write `history` terminal jobs and `queued` waiting ones (90 %
     available, 10 % scheduled); returns ids the timing uses."""
     import awa_pool
-    from awa_pool.periodic import make_schedule
-    from awa_pool.periodic_admin import register_schedules
+    from awa_pool.core.periodic import make_schedule
+    from awa_pool.api.periodic_admin import register_schedules
 
     conn = psycopg2.connect(url)
     try:

@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without installing
 
 from awa_pool import Job  # noqa: E402
-from awa_pool.sql import QUERIES  # noqa: E402
+from awa_pool.core.sql import QUERIES  # noqa: E402
 from scriptdb import drop_database, fresh_database  # noqa: E402
 
 CHUNK = 1000

@@ -44,11 +44,11 @@ def session(url: str):
 
 def one_run(url: str, jobs: int, claim_size: int, flush_size: int) -> Dict[str, float]:
     import awa_pool
-    from awa_pool import fetcher
-    from awa_pool.completer import Completer
-    from awa_pool.maintenance import VacuumQueueTables
-    from awa_pool.protocol import Outcome
-    from awa_pool.sql import QUERIES
+    from awa_pool.worker import fetcher
+    from awa_pool.worker.completer import Completer
+    from awa_pool.worker.maintenance import VacuumQueueTables
+    from awa_pool.worker.protocol import Outcome
+    from awa_pool.core.sql import QUERIES
 
     producer = psycopg2.connect(url)
     awa_pool.migrate(producer)

@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 import awa_pool  # noqa: E402
 from awa_pool import Job  # noqa: E402
-from awa_pool.maintenance import VacuumQueueTables  # noqa: E402
+from awa_pool.worker.maintenance import VacuumQueueTables  # noqa: E402
 from scriptdb import fresh_database  # noqa: E402
 from soak_plot import plot  # noqa: E402
 from soak_producer import CommitStats, MakeJob, Producer, job_mix, noop_only  # noqa: E402
@@ -85,7 +85,7 @@ def flaky(ctx, **_):
 
 
 def parse_seconds(text: str) -> float:
-    from awa_pool.config import parse_duration
+    from awa_pool.core.config import parse_duration
 
     return parse_duration(text, what="duration")
 

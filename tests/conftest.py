@@ -19,7 +19,7 @@ from typing import Iterator, List, Optional
 import psycopg2.extensions
 import pytest
 
-from awa_pool.testdb import TestServer
+from awa_pool.testkit.testdb import TestServer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -146,9 +146,9 @@ def loopless_supervisor(dsn: str):
     """A supervisor's parts without its loop (session, completer; children
     are spawned by the test) serving apps.gates. The test plays the loop, so
     it decides when jobs go out and messages come in."""
-    from awa_pool.config import PoolConfig
+    from awa_pool.core.config import PoolConfig
     from awa_pool.supervisor import Supervisor
-    from awa_pool.tasks import import_app
+    from awa_pool.core.tasks import import_app
 
     import_app("apps.gates")
     sup = Supervisor(PoolConfig(dsn=dsn, workers=1, app="apps.gates", leader=False))

@@ -51,7 +51,7 @@ def main() -> None:
     # Django's transaction), the job queue's schema.
     call_command("migrate", verbosity=0)
     driver = type(connection.connection).__module__.partition(".")[0]
-    assert awa_pool.migrate.__module__ == "awa_pool.migrate"
+    assert awa_pool.migrate.__module__ == "awa_pool.api.migrate"
     with transaction.atomic():
         assert awa_pool.migrate(connection) == []
 

@@ -3,7 +3,8 @@ decides when each job may finish (its gate file) and reads the order they
 started in (test_overtake, test_hand_over)."""
 from __future__ import annotations
 
-from awa_pool import Job, fetcher
+from awa_pool import Job
+from awa_pool.worker import fetcher
 from awa_pool.supervisor import Supervisor
 from helpers import enqueue_jobs, wait_for
 

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, TypeVar
 import psycopg2
 import psycopg2.extensions
 
-from awa_pool.testdb import with_database  # noqa: F401  (re-exported for the tests)
+from awa_pool.testkit.testdb import with_database  # noqa: F401  (re-exported for the tests)
 
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from awa_pool import Job
-from awa_pool.db import LOCK_CLASS, LOCK_CLASS_LIVENESS, LOCK_LEADER
+from awa_pool.core.db import LOCK_CLASS, LOCK_CLASS_LIVENESS, LOCK_LEADER
 
 from hostlab import Bench, Supervisor, cluster, wait_until
 

@@ -98,7 +98,7 @@ class Cluster:
     supervisors: List[Supervisor] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        from awa_pool.migrate import migrate
+        from awa_pool.api.migrate import migrate
 
         self.server = self.server or self.bench.server
         self.work_dir = _fresh_dir(self.work_dir)

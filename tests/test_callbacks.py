@@ -12,7 +12,7 @@ import pytest
 
 import awa_pool
 from awa_pool import Job, JobState, UnknownCallback
-from awa_pool.maintenance import ExpireCallbacks
+from awa_pool.worker.maintenance import ExpireCallbacks
 from feature_helpers import (APP, connection, enqueue_jobs, get, job_rows, open_gate, stop_pool,
                              wait_all, wait_state)
 from helpers import count_lines, exec_records, wait_for

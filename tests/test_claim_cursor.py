@@ -16,9 +16,9 @@ from typing import Any, Callable, List
 import pytest
 
 from awa_pool import Job, enqueue_many
-from awa_pool.claimer import LOOK_FROM_START_EVERY_S, Claimer
-from awa_pool.config import PoolConfig, QueueConfig
-from awa_pool.fetcher import advance, claim
+from awa_pool.worker.claimer import LOOK_FROM_START_EVERY_S, Claimer
+from awa_pool.core.config import PoolConfig, QueueConfig
+from awa_pool.worker.fetcher import advance, claim
 from helpers import connection, query, scalar
 
 Q = "cursor"

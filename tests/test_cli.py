@@ -12,8 +12,8 @@ import psycopg2
 import pytest
 
 import awa_pool
-from awa_pool.periodic import make_schedule
-from awa_pool.periodic_admin import register_schedules
+from awa_pool.core.periodic import make_schedule
+from awa_pool.api.periodic_admin import register_schedules
 from cli_run import ROOT, assert_one_error_line, cli, cli_env, ok, parse_table, url_with_password
 from helpers import query, scalar, wait_for
 from terminal import Terminal
@@ -415,7 +415,7 @@ def test_start_logs_one_line_per_event(processes, dsn: str, tmp_path) -> None:
 @pytest.mark.embedded_smoke
 def test_embedded_database_is_announced_in_one_line(tmp_path) -> None:
     """No URL anywhere: the CLI starts the embedded server and says where its data lives."""
-    from awa_pool import embedded
+    from awa_pool.core import embedded
 
     data = tmp_path / "pg"
     env = {"AWA_EMBEDDED_DIR": str(data)}

@@ -6,45 +6,57 @@ import ast
 import re
 from pathlib import Path
 
-from awa_pool.sql import QUERIES
+from awa_pool.core.sql import QUERIES
 
 PACKAGE = Path(__file__).resolve().parent.parent / "awa_pool"
 # every module of the package, subpackages included (dashboard/app.py -> "dashboard.app")
 SOURCES = {".".join(path.relative_to(PACKAGE).with_suffix("").parts): path.read_text()
            for path in PACKAGE.rglob("*.py")}
 
-CHILD_SIDE = ("child", "execute", "context", "protocol", "job", "errors", "tasks")
-DB_MODULES = {"db", "drivers", "sql", "producer", "admin", "migrate", "fetcher", "completer", "notifier",
-              "leader", "maintenance", "psycopg2"}
+# What a child process runs: no database code may load with it.
+CHILD_SIDE = ("child", "worker.execute", "worker.context", "worker.protocol", "core.job", "core.errors",
+              "core.tasks")
+DB_MODULES = {"core.db", "core.sql", "api", "worker.fetcher", "worker.completer", "worker.notifier",
+              "worker.leader", "worker.maintenance", "worker.session", "psycopg2"}
 
 
-def _imports(source: str) -> set:
+def _targets(node: ast.AST, module: str) -> set:
+    """What an import statement in `module` (dotted, under awa_pool) loads:
+    package-relative dotted names ("worker.claimer") for the package's own
+    modules, top-level names ("psycopg2") for the others."""
     names = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            module = node.module or ""
-            if node.level and module:
-                names.add(module.split(".")[0])
-            elif node.level:
-                names.update(alias.name for alias in node.names)
-            else:
-                names.add(module.split(".")[0])
+    if isinstance(node, ast.Import):
+        names.update(alias.name.split(".")[0] for alias in node.names)
+    elif isinstance(node, ast.ImportFrom):
+        if not node.level:
+            names.add((node.module or "").split(".")[0])
+            return names
+        package = module.split(".")[:-1]
+        base = package[:len(package) - (node.level - 1)] if node.level > 1 else package
+        if node.module:
+            names.add(".".join(base + node.module.split(".")))
+        else:
+            names.update(".".join(base + [alias.name]) for alias in node.names)
     return names
+
+
+def _module_level_imports(module: str) -> set:
+    names = set()
+    for node in ast.parse(SOURCES[module]).body:
+        names |= _targets(node, module)
+    return names
+
+
+def _loads(imported: set, forbidden: set) -> set:
+    """The imported names that are, or live inside, a forbidden one."""
+    return {name for name in imported for bad in forbidden if name == bad or name.startswith(bad + ".")}
 
 
 def test_child_side_modules_never_import_database_code() -> None:
     for name in CHILD_SIDE:
-        if name not in SOURCES:
-            continue
-        tree = ast.parse(SOURCES[name])
         # module-level imports only: Task.enqueue imports the producer inside a function
-        top = set()
-        for node in tree.body:
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                top |= _imports(ast.unparse(node))
-        assert not (top & DB_MODULES), f"{name}.py imports {top & DB_MODULES}"
+        bad = _loads(_module_level_imports(name), DB_MODULES)
+        assert not bad, f"{name}.py imports {bad}"
 
 
 def test_no_import_of_the_package_root_inside_the_package() -> None:
@@ -70,7 +82,7 @@ def test_no_sql_strings_outside_schema() -> None:
 
 def test_only_cli_prints_or_exits() -> None:
     for name, source in SOURCES.items():
-        if name == "__main__" or name == "cli" or (name.startswith("cli_") and name != "cli_output"):
+        if name == "__main__" or name == "ops.cli" or (name.startswith("ops.cli_") and name != "ops.cli_output"):
             continue
         tree = ast.parse(source)
         for node in ast.walk(tree):
@@ -85,42 +97,42 @@ def test_only_cli_prints_or_exits() -> None:
 
 def test_only_the_signal_relay_and_child_install_signal_handlers() -> None:
     for name, source in SOURCES.items():
-        if name in ("signals", "child"):
+        if name in ("worker.signals", "child"):
             continue
         assert "signal.signal(" not in source, f"{name}.py installs a signal handler"
 
 
-# The layers of docs/architecture.md: a module imports (at module level) only
-# from its own layer or lower ones. Imports inside functions may reach up
-# (Task.enqueue -> producer, Pool.run -> supervisor): they load on use.
-LAYERS = {
-    0: {"errors", "job", "protocol", "inflight", "version"},
-    1: {"config", "dispatcher", "context", "execute", "tasks", "periodic", "tracing"},
-    2: {"db", "drivers", "sql", "migrate", "outcome_params"},
-    3: {"producer", "admin", "stats", "periodic_admin", "fetcher", "completer", "notifier", "leader",
-        "maintenance", "registration", "requests", "grants", "liveness", "pooling", "urgent_lane"},
-    4: {"child", "child_handle", "children", "claimer", "cancels", "session", "signals", "lifecycle",
-        "supervisor"},
-}
-LAYER_OF = {name: layer for layer, names in LAYERS.items() for name in names}
+# The layers of docs/architecture.md, one subpackage each: a module imports
+# (at module level) only from its own layer or lower ones. Imports inside
+# functions may reach up (Task.enqueue -> api.producer, Pool.run ->
+# supervisor): they load on use. The top level (the public API, the
+# supervisor and the child, testing, the pytest plugin) and the operator
+# views sit above the worker core.
+LAYERS = {"core": 0, "api": 1, "worker": 2, "supervisor": 2, "child": 2,
+          "ops": 3, "testkit": 3, "dashboard": 3}
+TOP_LEVEL = {"__init__", "__main__", "supervisor", "child", "testing", "pytest_plugin"}
 
 
-def _package_imports_at_module_level(source: str) -> set:
-    names = set()
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.ImportFrom) and node.level:
-            names |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
-    return names
+def _layer(module: str) -> int:
+    return LAYERS.get(module.split(".")[0], 3)
+
+
+def test_the_top_level_holds_the_public_api_the_supervisor_the_child_and_subpackages() -> None:
+    top = {name for name in SOURCES if "." not in name}
+    assert top <= TOP_LEVEL, f"modules at awa_pool/'s top level that belong in a subpackage: {top - TOP_LEVEL}"
+    packages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert packages == {"core", "api", "worker", "ops", "testkit", "dashboard"}, packages
 
 
 def test_modules_import_only_their_layer_or_lower_ones() -> None:
-    for name, source in SOURCES.items():
-        own = LAYER_OF.get(name, 5)  # unlisted: entry points (pool, cli, testing, metrics, ...)
-        for imported in _package_imports_at_module_level(source):
-            assert LAYER_OF.get(imported, 5) <= own, \
-                f"{name}.py (layer {own}) imports {imported} (layer {LAYER_OF.get(imported, 5)})"
-    assert LAYER_OF["child"] == 4 and not (
-        _package_imports_at_module_level(SOURCES["child"]) & (LAYERS[2] | LAYERS[3]))
+    for name in SOURCES:
+        own = _layer(name)
+        for imported in _module_level_imports(name):
+            if imported.split(".")[0] in LAYERS:
+                assert _layer(imported) <= own, \
+                    f"{name}.py (layer {own}) imports {imported} (layer {_layer(imported)})"
+    # a child imports no database plumbing and no producer API
+    assert not _loads(_module_level_imports("child"), {"core.db", "core.sql", "api"})
 
 
 def test_a_producer_does_not_load_the_supervisor_stack(dsn) -> None:
@@ -137,9 +149,9 @@ def test_a_producer_does_not_load_the_supervisor_stack(dsn) -> None:
         "'croniter')))))\n")
     loaded = set(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                                 check=True).stdout.split())
-    forbidden = {"awa_pool.supervisor", "awa_pool.children", "awa_pool.claimer", "awa_pool.child",
+    forbidden = {"awa_pool.supervisor", "awa_pool.worker.children", "awa_pool.worker.claimer", "awa_pool.child",
                  "multiprocess", "croniter"}
-    assert "awa_pool.producer" in loaded
+    assert "awa_pool.api.producer" in loaded
     assert not loaded & forbidden, f"a producer loaded {sorted(loaded & forbidden)}"
 
 

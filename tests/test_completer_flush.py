@@ -8,9 +8,9 @@ import psycopg2
 
 import awa_pool
 from awa_pool import Job
-from awa_pool import fetcher
-from awa_pool.completer import BackgroundCompleter, Completer
-from awa_pool.protocol import Outcome
+from awa_pool.worker import fetcher
+from awa_pool.worker.completer import BackgroundCompleter, Completer
+from awa_pool.worker.protocol import Outcome
 from helpers import query, wait_for
 
 
@@ -123,7 +123,7 @@ def test_big_results_go_in_bounded_statements_and_hold_claiming_back(auto, dsn, 
     FLUSH_BYTES (one result at least), and while more than
     PENDING_BYTES_CAP of them wait, over_budget() is true; on_relief() is
     called once they are written."""
-    import awa_pool.completer as completer_module
+    import awa_pool.worker.completer as completer_module
 
     monkeypatch.setattr(completer_module, "FLUSH_BYTES", 2_500_000)
     monkeypatch.setattr(completer_module, "PENDING_BYTES_CAP", 3_000_000)

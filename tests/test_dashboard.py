@@ -9,8 +9,8 @@ import pytest
 
 import awa_pool
 from awa_pool.dashboard import create_app
-from awa_pool.periodic import make_schedule
-from awa_pool.periodic_admin import register_schedules
+from awa_pool.core.periodic import make_schedule
+from awa_pool.api.periodic_admin import register_schedules
 from dashboard_helpers import drain, enqueue, failed_job, post, text, visible
 from helpers import connection, query, scalar
 

@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from awa_pool import embedded
+from awa_pool.core import embedded
 from cli_run import cli
 from dashboard_helpers import start_dashboard
 from helpers import wait_for

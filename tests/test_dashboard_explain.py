@@ -18,7 +18,7 @@ import psycopg2
 import pytest
 
 from awa_pool.dashboard import kinds, reads
-from awa_pool.sql import QUERIES
+from awa_pool.core.sql import QUERIES
 
 ROOT = Path(__file__).resolve().parent.parent
 HISTORY, QUEUED = 60_000, 6_000

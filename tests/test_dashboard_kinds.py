@@ -12,7 +12,7 @@ import pytest
 
 import awa_pool
 from awa_pool.dashboard.kinds import KIND_BUCKETS, KIND_WINDOWS, KindTrends
-from awa_pool.stats import kind_stats
+from awa_pool.ops.stats import kind_stats
 from dashboard_helpers import drain, enqueue, failed_job
 from helpers import connection, query, scalar
 
@@ -199,8 +199,8 @@ def test_closed_slices_keep_their_samples_and_only_new_ones_are_sampled(dsn: str
 
 def test_the_migration_counts_the_history_already_there(empty_dsn: str) -> None:
     """A database at 0019 with history gets exact `finished` counts from 0020."""
-    from awa_pool.migrate import MIGRATIONS, migrate
-    from awa_pool.sql import QUERIES
+    from awa_pool.api.migrate import MIGRATIONS, migrate
+    from awa_pool.core.sql import QUERIES
 
     conn = psycopg2.connect(empty_dsn)
     try:

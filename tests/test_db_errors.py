@@ -12,7 +12,7 @@ import psycopg2
 import pytest
 
 from awa_pool import Job
-from awa_pool.db import LOCK_CLASS_LIVENESS, is_connection_error, is_transient
+from awa_pool.core.db import LOCK_CLASS_LIVENESS, is_connection_error, is_transient
 from helpers import enqueue_jobs, job_row, scalar, wait_for
 
 

@@ -9,9 +9,9 @@ import psycopg2
 import pytest
 
 from awa_pool import Job, pause_queue, resume_queue
-from awa_pool.claimer import Claimer, spread
-from awa_pool.config import PoolConfig, QueueConfig
-from awa_pool.dispatcher import Stride, entitlements, plan
+from awa_pool.worker.claimer import Claimer, spread
+from awa_pool.core.config import PoolConfig, QueueConfig
+from awa_pool.worker.dispatcher import Stride, entitlements, plan
 from helpers import enqueue_jobs, count_lines, exec_records, query, states, wait_for
 
 

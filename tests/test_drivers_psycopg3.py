@@ -22,9 +22,11 @@ from psycopg.rows import dict_row
 import apps.basic  # noqa: F401  (registers "add" and "fail" for drain)
 import apps.features  # noqa: F401  (registers "cb_wait")
 import awa_pool
-from awa_pool import Job, JobState, UnknownCallback, grants, stats, testing
-from awa_pool import periodic_admin
-from awa_pool.periodic import make_schedule
+from awa_pool import Job, JobState, UnknownCallback, testing
+from awa_pool.api import grants
+from awa_pool.ops import stats
+from awa_pool.api import periodic_admin
+from awa_pool.core.periodic import make_schedule
 from helpers import connection, query, scalar, wait_for
 
 
@@ -256,7 +258,7 @@ def test_wait_wakes_on_notify_over_a_psycopg3_connection(dsn) -> None:
         canceller.join(timeout=30)
         assert record.state == "cancelled"
         # the NOTIFY woke it: the recheck cap (5 s) would take longer
-        assert elapsed < awa_pool.admin.WAIT_RECHECK_S, f"wait() took {elapsed:.2f}s"
+        assert elapsed < awa_pool.api.admin.WAIT_RECHECK_S, f"wait() took {elapsed:.2f}s"
         assert not conn.autocommit  # restored
 
         other_id = awa_pool.enqueue(conn, Job("never_runs"))

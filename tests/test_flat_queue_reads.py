@@ -14,7 +14,7 @@ import apps.basic  # noqa: F401  (registers "add" for drain)
 import awa_pool
 from awa_pool import Job
 from awa_pool.dashboard import create_app
-from awa_pool.maintenance import LiveCensus
+from awa_pool.worker.maintenance import LiveCensus
 from cli_run import ok
 from awa_pool import testing
 from helpers import connection, query, scalar, wait_for

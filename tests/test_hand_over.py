@@ -15,7 +15,7 @@ def test_an_idle_child_takes_over_what_another_holds_queued(loopless_supervisor,
     (no claim, same leases) and runs them at once, until the busy child
     holds only the job it runs; within the queue's max, and for jobs of
     10 ms and more. Every job runs once."""
-    from awa_pool.config import QueueConfig
+    from awa_pool.core.config import QueueConfig
 
     sup = loopless_supervisor
     gates = _Gates(tmp_path)

@@ -14,7 +14,7 @@ import pytest
 
 import awa_pool
 from awa_pool import Job
-from awa_pool.stats import kind_stats
+from awa_pool.ops.stats import kind_stats
 from helpers import query, scalar
 
 FAILURES = ("failed", "fatal", "retry", "lost", "deadline", "callback_timeout")

@@ -126,7 +126,7 @@ def test_every_execute_takes_a_named_query_never_built_text() -> None:
     """No statement is assembled from values: every execute() gets a named
     query (QUERIES[...]) or a psycopg2.sql composition of identifiers."""
     offenders = []
-    for path in PACKAGE.glob("*.py"):
+    for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
                     node.func.attr in ("execute", "executemany", "mogrify") and node.args:
@@ -181,7 +181,7 @@ DANGEROUS = {("pickle", "loads"), ("pickle", "load"), ("marshal", "loads"), ("ma
 
 def test_only_the_private_pipe_protocol_unpickles_and_nothing_evaluates() -> None:
     found = []
-    for path in PACKAGE.glob("*.py"):
+    for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call):
                 func = node.func
@@ -194,7 +194,7 @@ def test_only_the_private_pipe_protocol_unpickles_and_nothing_evaluates() -> Non
                 found.append((path.name, f"from {node.module} import"))
     # protocol.py unpickles frames from the pipes between a supervisor and its own forked children
     assert set(found) == {("protocol.py", "pickle.loads")}, found
-    protocol = (PACKAGE / "protocol.py").read_text()
+    protocol = (PACKAGE / "worker" / "protocol.py").read_text()
     tree = ast.parse(protocol)
     for function in [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]:
         if "pickle.loads" in ast.unparse(function):
@@ -387,7 +387,7 @@ def test_log_lines_cannot_be_forged_by_names() -> None:
     as escapes: one event stays one line."""
     import logging
 
-    from awa_pool.logs import RedactingFilter
+    from awa_pool.ops.logs import RedactingFilter
 
     record = logging.LogRecord("awa_pool.x", logging.INFO, __file__, 1, "queue %s drained",
                                ("evil\nERROR fake line\x1b[31m\r",), None)

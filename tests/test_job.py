@@ -39,7 +39,7 @@ def test_job_is_immutable_and_comparable() -> None:
 
 def test_a_copy_with_checked_metadata_equals_the_job_built_with_it() -> None:
     """What a traced enqueue stamps: the same job as one built with that metadata."""
-    from awa_pool.job import check_json
+    from awa_pool.core.job import check_json
 
     job = Job("k", {"a": 1}, queue="q", priority=1, tags=["t"], metadata={"m": 1}, timeout=3)
     metadata = {"m": 1, "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
@@ -182,7 +182,7 @@ def test_python_and_sql_producers_share_the_job_defaults(dsn) -> None:
     defaults a Job (and an undecorated kind) gets in Python."""
     import re
 
-    from awa_pool.job import JOB_DEFAULTS
+    from awa_pool.core.job import JOB_DEFAULTS
 
     signature = scalar(dsn, "SELECT pg_get_function_arguments('awa.insert_job'::regproc)")
     sql_defaults = dict(re.findall(r"(\w+) \w[\w ]*? DEFAULT ('[^']*'|\w+)", signature))

@@ -14,9 +14,9 @@ import pytest
 
 import awa_pool
 from awa_pool import Job
-from awa_pool.db import LOCK_CLASS, LOCK_LEADER
-from awa_pool.leader import Leader
-from awa_pool.maintenance import Maintenance, Service
+from awa_pool.core.db import LOCK_CLASS, LOCK_LEADER
+from awa_pool.worker.leader import Leader
+from awa_pool.worker.maintenance import Maintenance, Service
 from helpers import exec_records, job_row, query, scalar, wait_for
 
 HANDOVER_S = 10.0

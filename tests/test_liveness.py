@@ -12,9 +12,9 @@ import psycopg2
 
 import awa_pool
 from awa_pool import Job
-from awa_pool.db import LOCK_CLASS_LIVENESS
-from awa_pool.liveness import DeadSupervisors, LivenessLock
-from awa_pool.maintenance import RescueDead, default_services
+from awa_pool.core.db import LOCK_CLASS_LIVENESS
+from awa_pool.worker.liveness import DeadSupervisors, LivenessLock
+from awa_pool.worker.maintenance import RescueDead, default_services
 from helpers import query, scalar, wait_for
 
 

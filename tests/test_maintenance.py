@@ -12,7 +12,7 @@ import pytest
 
 import awa_pool
 from awa_pool import Job
-from awa_pool.maintenance import (ExpireCallbacks, FireCron, ForgetSupervisors, Maintenance, PromoteDue,
+from awa_pool.worker.maintenance import (ExpireCallbacks, FireCron, ForgetSupervisors, Maintenance, PromoteDue,
                                   RescueDeadlines, RescueLost, Retention, Service, VacuumQueueTables,
                                   default_services)
 from helpers import job_row, query, scalar, wait_for

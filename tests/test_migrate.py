@@ -7,8 +7,8 @@ import sys
 import psycopg2
 import pytest
 
-from awa_pool.migrate import LATEST_VERSION, MIGRATIONS, applied_versions, migrate, pending, require_current
-from awa_pool.errors import SchemaMissing
+from awa_pool.api.migrate import LATEST_VERSION, MIGRATIONS, applied_versions, migrate, pending, require_current
+from awa_pool.core.errors import SchemaMissing
 from helpers import query, scalar
 
 pytestmark = pytest.mark.embedded_smoke

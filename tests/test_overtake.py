@@ -289,7 +289,7 @@ def test_a_rush_claim_takes_priority_1_jobs_only(loopless_supervisor, dsn) -> No
     """What a rush claims (URGENT_ONLY): the priority-1 jobs, even one
     enqueued with a past run_at, and nothing of the other levels, so a
     supervisor beaten to the urgent job takes no backlog job it did not ask for."""
-    from awa_pool.claimer import URGENT_ONLY
+    from awa_pool.worker.claimer import URGENT_ONLY
 
     sup = loopless_supervisor
     past = datetime.now(timezone.utc) - timedelta(hours=1)
@@ -336,7 +336,7 @@ def test_the_state_lock_lets_the_lane_go_before_the_loops_next_statement() -> No
     would otherwise take the urgent job first."""
     import threading
 
-    from awa_pool.urgent_lane import StateLock
+    from awa_pool.worker.urgent_lane import StateLock
 
     lock, order = StateLock(), []
 
@@ -366,7 +366,7 @@ def test_a_rush_gives_an_idle_child_the_urgent_job_and_the_lane_its_switch_inter
     program's back."""
     import sys
 
-    from awa_pool import urgent_lane
+    from awa_pool.worker import urgent_lane
 
     sup = loopless_supervisor
     gates = _Gates(tmp_path)
@@ -401,7 +401,7 @@ def test_a_backlog_claim_leaves_new_priority_1_jobs_to_the_lane_unless_a_rush_le
     takes milliseconds. Once a rush leaves such jobs behind (no child to
     give one to), the backlog claims look at priority 1 again until one
     comes back without more; the claim from the start finds them too."""
-    from awa_pool.claimer import LOOK_FROM_START_EVERY_S
+    from awa_pool.worker.claimer import LOOK_FROM_START_EVERY_S
 
     sup = loopless_supervisor
     claimer = sup.claimer

@@ -14,10 +14,10 @@ import psycopg2.extensions
 import pytest
 
 import awa_pool
-from awa_pool.errors import ConfigError
-from awa_pool.maintenance import FireCron
-from awa_pool.periodic import CATCH_UP_CAP, declared, due_fire_times, make_schedule, next_fire_time
-from awa_pool.periodic_admin import (UnknownSchedule, list_schedules, pause_schedule, register_schedules,
+from awa_pool.core.errors import ConfigError
+from awa_pool.worker.maintenance import FireCron
+from awa_pool.core.periodic import CATCH_UP_CAP, declared, due_fire_times, make_schedule, next_fire_time
+from awa_pool.api.periodic_admin import (UnknownSchedule, list_schedules, pause_schedule, register_schedules,
                                      resume_schedule, trigger_schedule)
 from helpers import query, scalar, wait_for
 

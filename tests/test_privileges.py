@@ -19,8 +19,9 @@ import pytest
 from psycopg2 import sql
 
 import awa_pool
-from awa_pool import Job, grants
-from awa_pool.maintenance import Maintenance, Retention, default_services
+from awa_pool import Job
+from awa_pool.api import grants
+from awa_pool.worker.maintenance import Maintenance, Retention, default_services
 from conftest import Pools
 from helpers import count_lines, query, scalar, states, wait_for
 
@@ -383,7 +384,7 @@ def test_a_worker_granted_before_a_new_hot_path_function_may_call_it_after_migra
         empty_dsn, make_role) -> None:  # empty_dsn first: torn down after the roles
     """0011 adds awa.complete_job: a worker role granted on a v10 database
     keeps completing jobs after `migrate`, without being granted again."""
-    from awa_pool.migrate import MIGRATIONS, migrate
+    from awa_pool.api.migrate import MIGRATIONS, migrate
 
     role = make_role("awa_worker", also=(empty_dsn,))
     conn = psycopg2.connect(empty_dsn)
@@ -423,7 +424,7 @@ def test_a_producer_granted_before_the_uniform_bulk_path_may_use_it_after_migrat
     of one shape, and 0024 replaces it with one that also takes tags and
     metadata: a producer granted on a v13 database keeps bulk-enqueueing
     after `migrate`, without being granted again."""
-    from awa_pool.migrate import MIGRATIONS, migrate
+    from awa_pool.api.migrate import MIGRATIONS, migrate
 
     role = make_role("awa_producer", also=(empty_dsn,))
     conn = psycopg2.connect(empty_dsn)

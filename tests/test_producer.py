@@ -128,7 +128,7 @@ def test_enqueue_many_empty(conn) -> None:
 
 
 def test_enqueue_many_chunks(conn, dsn, monkeypatch) -> None:
-    monkeypatch.setattr(awa_pool.producer, "MANY_CHUNK", 7)
+    monkeypatch.setattr(awa_pool.api.producer, "MANY_CHUNK", 7)
     ids = enqueue_many(conn, [Job("c", {"i": i}) for i in range(30)])
     conn.commit()
     rows = dict(query(dsn, "SELECT id, (args->>'i')::int FROM awa.jobs"))

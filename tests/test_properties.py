@@ -15,10 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from awa_pool.core import job as awa_job
+
 import awa_pool
 from awa_pool import Job
-from awa_pool.config import QueueConfig, parse_queue_spec
-from awa_pool.errors import ConfigError
+from awa_pool.core.config import QueueConfig, parse_queue_spec
+from awa_pool.core.errors import ConfigError
 from cli_run import cli
 from helpers import pool_connection, query, scalar, wait_for
 
@@ -267,8 +269,8 @@ def test_args_deeper_than_python_can_decode_fail_without_crashing_a_child(echo_p
     assert _run(echo_pool, Job("echo", {"still": "alive"})).state == "completed"
 
     record = awa_pool.get_job(echo_pool, job_id)
-    assert record.state == "failed" and list(record.args) == [awa_pool.job.UNDECODABLE]
-    assert "nested too deeply" in record.args[awa_pool.job.UNDECODABLE]
+    assert record.state == "failed" and list(record.args) == [awa_job.UNDECODABLE]
+    assert "nested too deeply" in record.args[awa_job.UNDECODABLE]
     assert job_id in [r.id for r in awa_pool.list_jobs(echo_pool, queue="echo")]
     echo_pool.rollback()
     for args in (("jobs", "show", str(job_id)), ("jobs", "list", "--queue", "echo"),

@@ -8,7 +8,7 @@ import time
 
 import awa_pool
 from awa_pool.child import child_main
-from awa_pool.protocol import (DONE, LOW, READY, RUN, STOP, FrameReader, ClaimedJob, Outcome, StatusBlock,
+from awa_pool.worker.protocol import (DONE, LOW, READY, RUN, STOP, FrameReader, ClaimedJob, Outcome, StatusBlock,
                                encode, recv_blocking, send)
 
 
@@ -109,7 +109,7 @@ def test_take_back_races_the_child_without_losing_or_doubling_a_job():
 
 
 def test_outbox_never_blocks_and_keeps_order_behind_a_full_pipe():
-    from awa_pool.protocol import Outbox
+    from awa_pool.worker.protocol import Outbox
 
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
@@ -140,7 +140,7 @@ def test_outbox_never_blocks_and_keeps_order_behind_a_full_pipe():
 
 
 def test_a_batch_of_big_jobs_is_split_into_run_frames():
-    from awa_pool.protocol import RUN_FRAME_BYTES, frames
+    from awa_pool.worker.protocol import RUN_FRAME_BYTES, frames
 
     def job(job_id, args_bytes):
         return _spec(job_id)._replace(args="x" * args_bytes)

@@ -38,7 +38,7 @@ def test_readme_shows_exactly_the_two_commands() -> None:
 def test_readme_kinds_table_is_what_the_cli_prints() -> None:
     """The `awa-pool kinds` example is aligned as the CLI aligns it: the same
     rows rendered by cli_output give the README's text back exactly."""
-    from awa_pool.cli_output import table, to_text
+    from awa_pool.ops.cli_output import table, to_text
 
     shown = README.split("`awa-pool kinds` printed")[1].split("```\n")[1].rstrip("\n")
     names = re.split(r"\s{2,}", shown.splitlines()[0].strip())
@@ -49,7 +49,7 @@ def test_readme_kinds_table_is_what_the_cli_prints() -> None:
 
 @pytest.mark.embedded_smoke
 def test_readme_run_command_works_word_for_word(tmp_path) -> None:
-    from awa_pool import embedded
+    from awa_pool.core import embedded
 
     install, run = RUN_COMMAND.split(" && ")
     assert install.startswith("pip install")  # already installed in the test environment

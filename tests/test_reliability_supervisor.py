@@ -181,7 +181,7 @@ def test_a_notify_event_after_the_connection_was_lost_in_the_same_wakeup_is_igno
     crash the supervisor (the chaos run saw it exit on an assertion)."""
     import psycopg2
 
-    from awa_pool.config import PoolConfig
+    from awa_pool.core.config import PoolConfig
     from awa_pool.supervisor import Supervisor
 
     supervisor = Supervisor(PoolConfig(dsn=dsn, workers=1))
@@ -213,7 +213,7 @@ def test_a_supervisor_without_its_connection_waits_for_the_reconnect_not_the_mis
 
     import psycopg2
 
-    from awa_pool.config import PoolConfig
+    from awa_pool.core.config import PoolConfig
     from awa_pool.supervisor import Supervisor
 
     supervisor = Supervisor(PoolConfig(dsn=dsn, workers=1))

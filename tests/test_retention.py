@@ -12,8 +12,8 @@ import pytest
 
 import awa_pool
 from awa_pool import Job
-from awa_pool.maintenance import DLQ_RETENTION_S, Retention
-from awa_pool.sql import QUERIES
+from awa_pool.worker.maintenance import DLQ_RETENTION_S, Retention
+from awa_pool.core.sql import QUERIES
 from helpers import query, scalar, wait_for
 
 HOUR = 3600.0

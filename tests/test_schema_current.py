@@ -15,7 +15,7 @@ from typing import Any
 import psycopg2
 import pytest
 
-from awa_pool.migrate import MIGRATIONS, migrate, pending, require_current
+from awa_pool.api.migrate import MIGRATIONS, migrate, pending, require_current
 from helpers import connection, scalar
 from schema_catalog import differences, snapshot
 

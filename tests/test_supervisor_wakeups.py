@@ -70,7 +70,7 @@ def test_a_supervisor_of_many_empty_queues_claims_nothing_until_one_has_a_job(po
 # -- the bound itself, on the children's table (no processes) ------------------------------
 
 def _children_with(*children):
-    from awa_pool.children import Children
+    from awa_pool.worker.children import Children
 
     table = Children(len(children), result_max_bytes=1 << 20, max_tasks_per_child=None)
     for child in children:
@@ -80,8 +80,8 @@ def _children_with(*children):
 
 def _child(slot: int, jobs, shortest_timeout=None):
     """A child holding jobs [(id, timeout_s)] in stream positions 0, 1, ..."""
-    from awa_pool.children import ChildHandle, InFlight
-    from awa_pool.protocol import StatusBlock
+    from awa_pool.worker.children import ChildHandle, InFlight
+    from awa_pool.worker.protocol import StatusBlock
 
     child = ChildHandle(slot=slot, process=None, pid=0, down_fd=-1, up_fd=-1, reader=None, outbox=None,
                         status=StatusBlock(), recycle_after=None, ready=True)
@@ -95,7 +95,7 @@ def test_jobs_queued_behind_one_are_taken_back_after_a_multiple_of_its_queues_us
     """A queue of 0.25 s jobs also gets a next job queued behind the running
     one: that one is taken back for another child only once the running
     job has run twice the usual time, not after the 0.1 s floor."""
-    from awa_pool.claimer import PATIENCE_JOBS
+    from awa_pool.worker.claimer import PATIENCE_JOBS
 
     now = time.monotonic()
     child = _child(0, [(1, None), (2, None)])
@@ -109,7 +109,7 @@ def test_jobs_queued_behind_one_are_taken_back_after_a_multiple_of_its_queues_us
 
 
 def test_the_next_check_is_the_earliest_deadline_of_any_busy_child() -> None:
-    from awa_pool.children import OVERDUE_RETRY_S, TAKE_BACK_AFTER_S
+    from awa_pool.worker.children import OVERDUE_RETRY_S, TAKE_BACK_AFTER_S
 
     now = time.monotonic()
     idle = _child(0, [])

@@ -5,7 +5,8 @@ found the consequence: the supervisor's reconcile released that job while its
 child ran it, so it ran twice with no fault to explain it."""
 from __future__ import annotations
 
-from awa_pool import Job, fetcher
+from awa_pool import Job
+from awa_pool.worker import fetcher
 from awa_pool.supervisor import Supervisor
 from helpers import enqueue_jobs, job_row, wait_for
 

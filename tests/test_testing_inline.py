@@ -10,8 +10,8 @@ import psycopg2
 import pytest
 
 import awa_pool
-from awa_pool import testdb
-from awa_pool.migrate import LATEST_VERSION, MIGRATIONS
+from awa_pool.testkit import testdb
+from awa_pool.api.migrate import LATEST_VERSION, MIGRATIONS
 from awa_pool.testing import Enqueued, TooManyJobs, run_jobs
 from helpers import query, scalar
 

@@ -13,8 +13,8 @@ from typing import Any, Dict, List, Optional
 
 from flask import Flask, abort, redirect, request, url_for
 
-from ..admin import cancel_job, dlq_purge, dlq_retry, pause_queue, resume_queue, retry_job
-from ..periodic_admin import UnknownSchedule, pause_schedule, resume_schedule, trigger_schedule
+from ..api.admin import cancel_job, dlq_purge, dlq_retry, pause_queue, resume_queue, retry_job
+from ..api.periodic_admin import UnknownSchedule, pause_schedule, resume_schedule, trigger_schedule
 from . import reads
 from .pages import connection
 
@@ -22,7 +22,7 @@ CANCEL_REASON = "cancelled from the dashboard"
 
 
 def _checked(value: str, what: str) -> str:
-    from ..job import check_name
+    from ..core.job import check_name
 
     try:
         return check_name(value, what)

@@ -18,9 +18,9 @@ import psycopg2
 from flask import Flask, render_template, request
 from werkzeug.exceptions import HTTPException, NotFound
 
-from ..cli_output import age, census_phrase, rate, seconds, size, stamp
-from ..db import redact
-from ..errors import DatabaseUnavailable, SchemaMissing
+from ..ops.cli_output import age, census_phrase, rate, seconds, size, stamp
+from ..core.db import redact
+from ..core.errors import DatabaseUnavailable, SchemaMissing
 from . import actions, auth, pages
 from .connections import Connections
 from .kinds import KindTrends
@@ -74,7 +74,7 @@ def create_app(dsn: Optional[str] = None, *, read_only: bool = False, token: Opt
     database as the CLI: $AWA_DATABASE_URL, $DATABASE_URL, else the embedded
     server. With a token, every request must carry it; with read_only, no
     action is shown and every POST is refused."""
-    from .. import db, embedded
+    from ..core import db, embedded
 
     if token is not None and not token.strip():
         raise ValueError("the dashboard token must not be empty")

@@ -10,8 +10,8 @@ from typing import Any, Iterator, List
 
 import psycopg2
 
-from ..db import close_quietly, connect, is_connection_error
-from ..sql import QUERIES
+from ..core.db import close_quietly, connect, is_connection_error
+from ..core.sql import QUERIES
 
 CONNECT_TIMEOUT_S = 3
 

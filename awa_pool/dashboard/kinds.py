@@ -20,8 +20,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..drivers import cursor_for
-from ..sql import QUERIES
+from ..api.drivers import cursor_for
+from ..core.sql import QUERIES
 
 KIND_BUCKETS = 30              # slices per window
 KIND_SAMPLE = 40               # cost figures read per slice

@@ -92,13 +92,13 @@ def kind_charts(trend: kind_reads.KindTrend, window: str) -> Dict[str, Any]:
 
 
 def _seconds(value: float) -> str:
-    from ..cli_output import seconds
+    from ..ops.cli_output import seconds
 
     return seconds(value)
 
 
 def _size(value: float) -> str:
-    from ..cli_output import size
+    from ..ops.cli_output import size
 
     return size(value)
 

@@ -13,14 +13,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..admin import ALL_STATES, get_job
-from ..config import parse_duration
-from ..drivers import cursor_for
-from ..errors import ConfigError
-from ..job import TERMINAL_STATES, JobRecord, check_name
-from ..periodic_admin import ScheduleInfo, list_schedules
-from ..sql import QUERIES
-from ..stats import QueueStats, SupervisorInfo, live_supervisors, queue_stats
+from ..api.admin import ALL_STATES, get_job
+from ..core.config import parse_duration
+from ..api.drivers import cursor_for
+from ..core.errors import ConfigError
+from ..core.job import TERMINAL_STATES, JobRecord, check_name
+from ..api.periodic_admin import ScheduleInfo, list_schedules
+from ..core.sql import QUERIES
+from ..ops.stats import QueueStats, SupervisorInfo, live_supervisors, queue_stats
 from .throughput import Throughput, ThroughputMinutes
 
 PAGE_SIZE = 50                 # jobs per page of the jobs and DLQ lists

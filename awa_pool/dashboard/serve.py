@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any, Optional
 
-from ..errors import ConfigError
+from ..core.errors import ConfigError
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost", "ip6-loopback"}
 

@@ -13,8 +13,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
-from ..drivers import cursor_for
-from ..sql import QUERIES
+from ..api.drivers import cursor_for
+from ..core.sql import QUERIES
 
 MINUTES = 60              # the chart's span
 CLOSE_GRACE_S = 10.0      # a minute is final this long after it ends (late commits)

@@ -14,7 +14,7 @@ def database_url(announce: bool = False) -> str:
     for name in ("AWA_DATABASE_URL", "DATABASE_URL"):
         if os.environ.get(name):
             return os.environ[name]
-    from awa_pool import embedded
+    from awa_pool.core import embedded
 
     url = embedded.start()
     if announce:

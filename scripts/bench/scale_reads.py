@@ -24,7 +24,7 @@ def _timed(fn: Callable[[], Any]) -> float:
 
 def cli(argv: List[str]) -> Callable[[], None]:
     """A call of `awa-pool ARGV` in this process; fails unless it exits 0."""
-    from awa_pool.cli import main
+    from awa_pool.ops.cli import main
 
     def run() -> None:
         out, err = io.StringIO(), io.StringIO()
@@ -60,7 +60,7 @@ def api_reads(dsn: str, sample_id: int, deep_age_s: float) -> List[Tuple[str, Ca
     """(name, call) for each API read, on one connection, each in its own
     transaction (rolled back: reads only)."""
     import awa_pool
-    from awa_pool.stats import kind_stats
+    from awa_pool.ops.stats import kind_stats
 
     conn = psycopg2.connect(dsn)
 

@@ -67,7 +67,7 @@ def main() -> None:
             ran = awa_pool.testing.drain(conn)
         inline = awa_pool.testing.run_job(Job("add", {"a": 1, "b": 1}))
         every = [ids["enqueue"], *ids["enqueue_many"], *ids["batch"], ids["then"]]
-        from awa_pool import tracing
+        from awa_pool.core import tracing
 
         result = {"attempts": RefuseOpenTelemetry.attempts, "available": tracing.available(),
                   "loaded": sorted(m for m in sys.modules if m.startswith("opentelemetry")),

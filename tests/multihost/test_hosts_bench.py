@@ -10,8 +10,8 @@ import sys
 import psycopg2
 import pytest
 
-from awa_pool import pooling
-from awa_pool.db import connect
+from awa_pool.worker import pooling
+from awa_pool.core.db import connect
 
 import netns
 import pgbouncer

@@ -1,0 +1,1 @@
+"""Operator views: the CLI, top, queue statistics, Prometheus metrics, log setup."""

@@ -1,0 +1,79 @@
+"""A supervisor's start-up in the database: check the schema, register the
+supervisor, record the settings of the queues it serves, its tasks' declared
+timeouts (awa.claim applies them) and its schedules.
+
+Each step is idempotent apart from the registration itself, so when the
+database goes away part-way the whole sequence runs again on a new
+connection (a row left by a registration that committed before the loss is
+never heartbeated and is forgotten by the leader).
+"""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Tuple
+
+import psycopg2
+
+from ..core.config import QueueConfig
+from ..api.migrate import require_current
+from ..api.periodic_admin import register_schedules
+from ..core.sql import QUERIES
+from ..core.tasks import all_tasks
+from ..core.version import __version__
+
+
+@dataclass(frozen=True)
+class Registration:
+    supervisor_id: int
+    shards: Dict[str, int]      # per served queue, from awa.queues
+    paused: Dict[str, bool]
+
+
+def register(conn: Any, queues: Dict[str, QueueConfig], workers: int, pid: int, *,
+             session_settings: bool = True) -> Registration:
+    """Run the start-up steps on an autocommit connection; returns what the
+    supervisor needs from them. session_settings=False (a transaction-mode
+    pooler) leaves the session's settings alone."""
+    require_current(conn)
+    with conn.cursor() as cur:
+        supervisor_id = _register_row(cur, {"hostname": socket.gethostname(), "pid": pid, "version": __version__,
+                                            "queues": sorted(queues), "workers": workers})
+        # The registration above committed synchronously (its id seeds every
+        # lease this supervisor hands out); from here on the session's writes
+        # need not wait for fsync (see worker_session). Through a transaction
+        # pooler that SET would stay behind on a server session other clients
+        # share (their commits would go asynchronous): commits stay synchronous.
+        if session_settings:
+            cur.execute(QUERIES["worker_session"])
+        for name, queue in queues.items():
+            cur.execute(QUERIES["configure_queue"], {"name": name, "dlq": queue.dlq, "rate": queue.rate})
+        tasks = sorted(all_tasks().values(), key=lambda declared: declared.kind)
+        cur.execute(QUERIES["register_task_defaults"], {
+            "kinds": [t.kind for t in tasks], "timeouts": [t.timeout for t in tasks]})
+    register_schedules(conn)
+    with conn.cursor() as cur:
+        shards, paused = read_queue_settings(cur, queues)
+    return Registration(supervisor_id, shards, paused)
+
+
+def read_queue_settings(cur: Any, queues: Iterable[str]) -> Tuple[Dict[str, int], Dict[str, bool]]:
+    """(shards, paused) of the named queues, as awa.queues has them now."""
+    cur.execute(QUERIES["queue_settings"], {"names": sorted(queues)})
+    rows = cur.fetchall()
+    return {name: shards for name, shards, _ in rows}, {name: paused for name, _, paused in rows}
+
+
+def _register_row(cur: Any, values: Dict[str, Any], attempts: int = 20) -> int:
+    """A new supervisor row with the next free id. A heartbeat puts back the
+    row of a supervisor the leader forgot, under its own id; when the
+    database was dropped and made again under a running supervisor, that id
+    may be one the fresh sequence has yet to hand out: skip it."""
+    for attempt in range(attempts):
+        try:
+            cur.execute(QUERIES["register_supervisor"], values)
+            return cur.fetchone()[0]
+        except psycopg2.errors.UniqueViolation:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
