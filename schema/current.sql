@@ -1694,8 +1694,11 @@ END $$;
 -- Running jobs whose supervisor stopped heartbeating (or stopped without
 -- settling them) go back to available (or fail when out of attempts). The
 -- lease is untouched: the next claim bumps it, so the old owner's late
--- writes match nothing.
-CREATE FUNCTION awa.rescue_lost(p_stale_s double precision, p_limit integer DEFAULT 500)
+-- writes match nothing. Staleness counts from the server's start at the
+-- latest: after a restart no supervisor could heartbeat while the server
+-- was down (migration 0026). The leader spares its own supervisor
+-- (p_spare): it lives in the same process.
+CREATE FUNCTION awa.rescue_lost(p_stale_s double precision, p_limit integer, p_spare bigint)
 RETURNS TABLE (job_id bigint, new_state awa.job_state)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -1706,8 +1709,10 @@ BEGIN
           FROM awa.jobs_hot h
           LEFT JOIN awa.supervisors s ON s.id = h.supervisor_id
          WHERE h.state = 'running'
+           AND h.supervisor_id IS DISTINCT FROM p_spare
            AND (s.id IS NULL OR s.stopped_at IS NOT NULL
-                OR s.heartbeat_at < now() - make_interval(secs => p_stale_s))
+                OR greatest(s.heartbeat_at, pg_postmaster_start_time())
+                   < now() - make_interval(secs => p_stale_s))
          LIMIT p_limit
          FOR UPDATE OF h SKIP LOCKED
     LOOP
@@ -1747,7 +1752,9 @@ BEGIN
 END $$;
 
 -- Backstop for a supervisor that is alive but failed to stop a job at its
--- timeout: rescue attempts more than p_grace_s past their deadline.
+-- timeout: rescue attempts more than p_grace_s past their deadline (and
+-- more than p_grace_s after the server's start: an outcome that could not
+-- be written while the server was down gets the whole grace).
 CREATE FUNCTION awa.rescue_deadlines(p_grace_s double precision, p_limit integer DEFAULT 500)
 RETURNS TABLE (job_id bigint, new_state awa.job_state)
 LANGUAGE plpgsql AS $$
@@ -1757,6 +1764,7 @@ BEGIN
     FOR r IN
         SELECT h.id, h.lease FROM awa.jobs_hot h
          WHERE h.state = 'running' AND h.deadline < now() - make_interval(secs => p_grace_s)
+           AND pg_postmaster_start_time() < now() - make_interval(secs => p_grace_s)
          LIMIT p_limit
          FOR UPDATE SKIP LOCKED
     LOOP
@@ -2614,4 +2622,5 @@ INSERT INTO awa.schema_migrations (version, name) VALUES
     (22, 'urgent_wakeup'),
     (23, 'light_first_completion_counts'),
     (24, 'uniform_bulk_tags_metadata'),
-    (25, 'flat_queue_reads');
+    (25, 'flat_queue_reads'),
+    (26, 'rescue_spares_live_supervisors');

@@ -132,7 +132,7 @@ def test_producer_enqueues_every_way(dsn, producer, tmp_path) -> None:
     ("cancel", "SELECT awa.cancel_job(1)"),
     ("retry", "SELECT awa.retry_job(1)"),
     ("resolve a callback", "SELECT * FROM awa.resolve_callback(gen_random_uuid(), 'complete')"),
-    ("rescue", "SELECT * FROM awa.rescue_lost(0)"),
+    ("rescue", "SELECT * FROM awa.rescue_lost(0, 500, NULL)"),
     ("pause a queue", "INSERT INTO awa.queues (name, paused) VALUES ('default', true)"),
     ("register a supervisor", "INSERT INTO awa.supervisors (hostname, pid, version, workers) VALUES ('h', 1, 'v', 1)"),
     ("read batches", "SELECT remaining FROM awa.batches"),

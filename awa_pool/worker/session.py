@@ -1,9 +1,10 @@
 """The supervisor's own database connections: the main one (claims,
-requests, heartbeats, settings) and the LISTEN one, which also holds the
-supervisor's liveness lock (liveness.py).
+requests, heartbeats, settings) and the LISTEN one, which also holds one of
+the supervisor's two liveness locks (liveness.py).
 
-It runs statements, notices when the database went away, and reconnects
-with backoff while the children keep running. Start-up (connect, register,
+It runs statements (each published in the loop's `LoopTurn` while it
+waits, for the watchdog), notices when the database went away, and
+reconnects with backoff while the children keep running. Start-up (connect, register,
 LISTEN) is retried as a whole until the connect timeout, so the database may
 go away at any point of a supervisor's life. The supervisor owns the loop
 and decides what a loss or a return means for its jobs (the callbacks).
@@ -17,20 +18,21 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from contextlib import nullcontext
-from typing import Any, Callable, ContextManager, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import psycopg2
 import psycopg2.extensions
 from tenacity import RetryCallState, wait_exponential, wait_random
 
 from ..core.config import PoolConfig, QueueConfig
-from ..core.db import close_quietly, connect, first_line, is_connection_error, is_transient, socket_of
+from ..core.db import (close_quietly, connect, first_line, is_connection_error, is_transient, session_name,
+                       socket_of)
 from ..core.errors import AwaError
 from .liveness import LivenessLock
 from .notifier import Notifier
 from .pooling import TRANSACTION_POOLER, classify
 from .registration import Registration, register
+from .watchdog import LoopTurn, Statement
 from ..core.sql import QUERIES
 
 log = logging.getLogger(__name__)
@@ -45,20 +47,11 @@ def _retry_state(attempt: int) -> RetryCallState:
     return state
 
 
-class _WaitingCursor(psycopg2.extensions.cursor):
-    """A cursor whose execute() runs inside its `waiting` context."""
-
-    waiting: Callable[[], ContextManager[Any]] = nullcontext
-
-    def execute(self, query: Any, vars: Any = None) -> Any:
-        with self.waiting():
-            return super().execute(query, vars)
-
-
 class Session:
     def __init__(self, config: PoolConfig, *, on_lost: Callable[[str], None],
-                 on_back: Callable[[float], None]) -> None:
+                 on_back: Callable[[float], None], turn: Optional[LoopTurn] = None) -> None:
         self.config = config
+        self.turn = turn or LoopTurn()
         self.on_lost = on_lost    # (error line): the connections are gone
         self.on_back = on_back    # (outage seconds): both are back
         self.conn: Optional[psycopg2.extensions.connection] = None
@@ -71,7 +64,6 @@ class Session:
         self.reconnect_at = 0.0
         self.reconnect_attempts = 0
         self.backoff = wait_exponential(multiplier=0.2, max=5.0) + wait_random(0, 0.2)
-        self.waiting: Callable[[], ContextManager[Any]] = nullcontext
 
     @property
     def connected(self) -> bool:
@@ -87,16 +79,16 @@ class Session:
         deadline = time.monotonic() + self.config.connect_timeout
         for attempt in itertools.count(1):
             try:
-                # Commits stay synchronous on this connection: a claim or a
-                # callback registration lost in a server crash after its reply
-                # reached a child would hand the same lease out twice.
-                self.conn = connect(self.config.dsn, autocommit=True,
+                # Registration commits synchronously (the id seeds every
+                # lease); then the session's settings apply (loop_session).
+                self.conn = connect(self.config.dsn, autocommit=True, application_name=session_name("main"),
                                     retry_for=max(0.0, deadline - time.monotonic()),
                                     connect_timeout=max(1, int(min(10, self.config.connect_timeout or 1))))
                 self.pooled = classify(self.conn, self.config.dsn) == TRANSACTION_POOLER
                 registration = register(self.conn, queues, self.config.workers, pid,
                                         session_settings=not self.pooled)
                 self.supervisor_id = registration.supervisor_id
+                self.notifier.application_name = session_name("listen", self.supervisor_id)
                 self.listen_ok = self._listen()
                 break
             except psycopg2.Error as exc:
@@ -140,9 +132,8 @@ class Session:
             self.liveness.take(conn, self.supervisor_id)
 
     def check_liveness(self) -> None:
-        """From the loop: take the liveness lock again if a take failed (an
-        old session of ours held it past the wait). A lost connection starts
-        reconnecting."""
+        """From the loop: take the liveness lock again if a take failed. A
+        lost connection starts reconnecting."""
         if not (self.listen_ok and self.notifier.connected) or self.liveness.held_on(self.notifier.conn):
             return
         try:
@@ -154,27 +145,29 @@ class Session:
                 log.error("taking the liveness lock failed: %s", first_line(exc))
 
     # -- statements ------------------------------------------------------------
-    def run(self, fn: Callable[[Any], Any]) -> Any:
+    def run(self, fn: Callable[[Any], Any], what: str = "a statement") -> Any:
         """fn(cursor) on the main connection; errors propagate (a lost
-        connection also starts reconnecting). While a statement waits for
-        its reply, `waiting` is in force (the supervisor gives up its state
-        lock: UrgentLane)."""
-        if self.conn is None:
+        connection also starts reconnecting). While it waits, the statement
+        is in the loop's turn record, where the watchdog sees it."""
+        conn = self.conn
+        if conn is None:
             raise AwaError("the database is unreachable right now")
+        self.turn.statement = Statement(what, time.monotonic(), conn, conn.info.backend_pid)
         try:
-            with self.conn.cursor(cursor_factory=_WaitingCursor) as cur:
-                cur.waiting = self.waiting
+            with conn.cursor() as cur:
                 return fn(cur)
         except psycopg2.Error as exc:
-            if is_connection_error(exc) or self.conn.closed:
+            if is_connection_error(exc) or conn.closed:
                 self.lost(exc)
             raise
+        finally:
+            self.turn.statement = None
 
     def run_quietly(self, what: str, fn: Callable[[Any], Any]) -> Any:
         """fn(cursor); on any database error log it (or start reconnecting)
         and return None."""
         try:
-            return self.run(fn)
+            return self.run(fn, what)
         except AwaError:
             return None
         except psycopg2.Error as exc:
@@ -201,10 +194,11 @@ class Session:
         self.reconnect_attempts += 1
         conn = None
         try:
-            conn = connect(self.config.dsn, autocommit=True, connect_timeout=RECONNECT_CONNECT_TIMEOUT_S)
+            conn = connect(self.config.dsn, autocommit=True, connect_timeout=RECONNECT_CONNECT_TIMEOUT_S,
+                           application_name=session_name("main", self.supervisor_id))
             if not self.pooled:
                 with conn.cursor() as cur:
-                    cur.execute(QUERIES["worker_session"])
+                    cur.execute(QUERIES["loop_session"])
             if self.listen_ok:  # the lock before claiming again: the leader must see us alive
                 self.notifier.open(first=self._take_liveness)
         except (AwaError, psycopg2.Error) as exc:
