@@ -10,6 +10,7 @@ import pytest
 import awa_pool
 from awa_pool import Job
 from awa_pool.worker.maintenance import ExpireJobs
+from cli_run import ok
 from helpers import connection, count_lines, enqueue_jobs, query, record, scalar, wait_for
 from test_metrics import port_of, scrape, value
 
@@ -102,3 +103,14 @@ def test_a_bad_expiry_is_a_one_line_error_at_declaration(make, message) -> None:
     with pytest.raises((TypeError, ValueError)) as raised:
         make()
     assert str(raised.value) == message
+
+
+def test_the_cli_enqueues_with_an_expiry(dsn, tmp_path) -> None:
+    one = int(ok("enqueue", "k", "--expires-in", "5m", "--database-url", dsn))
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"kind": "k", "expires_in": 30}\n{"kind": "k", "expires_in": "2h"}\n{"kind": "k"}\n')
+    ok("enqueue", "--file", str(jobs), "--expires-in", "10s", "--database-url", dsn)
+    lifetimes = [s for (s,) in query(dsn, "SELECT extract(epoch FROM expires_at - created_at)::float8 "
+                                          "FROM awa.jobs ORDER BY id")]
+    assert [round(s) for s in lifetimes] == [300, 30, 7200, 10]
+    assert record(dsn, one).expires_at is not None
