@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -82,8 +81,8 @@ def drain(url: str, jobs: int, workdir: Path) -> float:
 
 
 def median_ms(args: list, url: str, repeats: int) -> float:
-    exe = shutil.which("awa-pool") or sys.executable
-    prefix = [exe] if exe.endswith("awa-pool") else [exe, "-m", "awa_pool"]
+    script = os.path.join(os.path.dirname(sys.executable), "awa-pool")  # this environment's console script
+    prefix = [script] if os.path.exists(script) else [sys.executable, "-m", "awa_pool"]
     env = dict(os.environ, DATABASE_URL=url)
     times = []
     for _ in range(repeats):

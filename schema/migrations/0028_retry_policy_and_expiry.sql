@@ -12,9 +12,11 @@
 --   meanwhile, so it never runs between two passes of the leader.
 -- * awa.kind_stats, right after 300,000 jobs drained and before ANALYZE saw
 --   them, planned "each kind's latest 1,000" as a bitmap scan of all 150,000
---   of the kind's rows and a sort (180 ms of the 380 ms `awa-pool kinds`
---   took over the CLI's start-up), and scanned the 7,400 pages of the hot
---   table the burst left to find live jobs' earlier attempts (14 ms).
+--   of the kind's rows and a sort, and scanned the 7,400 pages of the hot
+--   table the burst left to find live jobs' earlier attempts: 185-214 ms
+--   on the 2-vCPU development VM, most of the 270-320 ms `awa-pool kinds`
+--   took over the CLI's start-up (docs/benchmarks.md, "Read commands right
+--   after a burst").
 --   Without sorts or sequential scans the only plan left reads the (kind,
 --   finalized_at) index backwards, 1,000 rows per kind, and partial
 --   indexes of the rows with earlier attempts. After the fix: 5 ms on the
