@@ -107,29 +107,26 @@ BEGIN
     RETURN p_policy;
 END $$;
 
-CREATE FUNCTION awa.policy_number(p_policy jsonb, p_key text, p_default double precision)
+CREATE FUNCTION awa.policy_number(p_policy jsonb, p_key text, p_default double precision,
+                                  p_low double precision, p_high double precision)
 RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
-    SELECT CASE WHEN jsonb_typeof(p_policy -> p_key) = 'number'
-                THEN (p_policy ->> p_key)::double precision ELSE p_default END
+    SELECT least(greatest(CASE WHEN jsonb_typeof(p_policy -> p_key) = 'number'
+                               THEN (p_policy ->> p_key)::double precision ELSE p_default END,
+                          p_low), p_high)
 $$;
 
 CREATE FUNCTION awa.backoff_s(attempt integer, policy jsonb) RETURNS double precision
 LANGUAGE sql VOLATILE AS $$
-    SELECT CASE WHEN policy IS NULL THEN awa.backoff_s(attempt) ELSE
-        least(p.max_delay, (CASE p.backoff
-                WHEN 'constant' THEN p.base
-                WHEN 'linear' THEN p.base * greatest(attempt, 1)
-                -- base^n, without overflow: past max_delay it is max_delay
-                ELSE CASE WHEN greatest(attempt, 0) * ln(greatest(p.base, 1.0)) >= ln(p.max_delay)
-                          THEN p.max_delay
-                          ELSE power(greatest(p.base, 1.0), greatest(attempt, 0)) END
-            END) * (1.0 + p.jitter * random()))
+    SELECT CASE WHEN policy IS NULL THEN awa.backoff_s(attempt) ELSE least(
+        awa.policy_number(policy, 'max_delay', 86400, 0.001, 31622400),
+        (CASE coalesce(policy ->> 'backoff', 'exponential')
+            WHEN 'constant' THEN awa.policy_number(policy, 'base', 2, 0, 31622400)
+            WHEN 'linear' THEN awa.policy_number(policy, 'base', 2, 0, 31622400) * greatest(attempt, 1)
+            ELSE power(awa.policy_number(policy, 'base', 2, 1, 31622400), least(greatest(attempt, 0),
+                       floor(ln(awa.policy_number(policy, 'max_delay', 86400, 0.001, 31622400))
+                             / nullif(ln(awa.policy_number(policy, 'base', 2, 1, 31622400)), 0)) + 1))
+         END) * (1.0 + awa.policy_number(policy, 'jitter', 0.25, 0, 1) * random()))
     END
-      FROM (SELECT coalesce(policy ->> 'backoff', 'exponential') AS backoff,
-                   least(greatest(awa.policy_number(policy, 'base', 2.0), 0.0), 31622400.0) AS base,
-                   least(greatest(awa.policy_number(policy, 'max_delay', 86400.0), 0.001), 31622400.0)
-                       AS max_delay,
-                   least(greatest(awa.policy_number(policy, 'jitter', 0.25), 0.0), 1.0) AS jitter) p
 $$;
 
 -- 3. Producers: insert_job and insert_uniform_jobs take the two new
@@ -762,7 +759,7 @@ BEGIN
     EXECUTE format('GRANT USAGE ON SEQUENCE awa.batches_id_seq TO %I', p_role);
 END $$;
 
-REVOKE ALL ON FUNCTION awa.check_retry_policy(jsonb), awa.policy_number(jsonb, text, double precision),
+REVOKE ALL ON FUNCTION awa.check_retry_policy(jsonb), awa.policy_number(jsonb, text, double precision, double precision, double precision),
     awa.backoff_s(integer, jsonb), awa.expire_jobs(integer),
     awa.insert_job(text, jsonb, text, integer, timestamptz, integer, double precision, text[], jsonb, jsonb,
                    text, bigint, boolean, timestamptz, jsonb),
@@ -792,7 +789,7 @@ BEGIN
            AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0
     LOOP
         EXECUTE format('GRANT EXECUTE ON FUNCTION awa.check_retry_policy(jsonb), '
-                       'awa.policy_number(jsonb, text, double precision), awa.backoff_s(integer, jsonb), '
+                       'awa.policy_number(jsonb, text, double precision, double precision, double precision), awa.backoff_s(integer, jsonb), '
                        'awa.expire_jobs(integer) TO %s', grantee);
     END LOOP;
 END $$;
