@@ -188,6 +188,29 @@ class ExpireCallbacks(Service):
         return len(rows)
 
 
+class ExpireJobs(Service):
+    """Jobs past their expires_at that never started are cancelled with
+    reason "expired" (awa.claim already skips them). `expired` counts them
+    by (queue, kind) for the metrics."""
+
+    name = "expire_jobs"
+    interval = 1.0
+
+    def __init__(self, batch: int = BATCH) -> None:
+        self.batch = batch
+        self.expired: Dict[Tuple[str, str], int] = {}
+
+    def tick(self, cur: Any) -> int:
+        cur.execute(QUERIES["expire_jobs"], {"limit": self.batch})
+        total = 0
+        for queue, kind, jobs in cur.fetchall():
+            self.expired[(queue, kind)] = self.expired.get((queue, kind), 0) + jobs
+            total += jobs
+            log.info("expired %d %s job(s) of queue %s before they started", jobs, kind, queue)
+        self.more = total >= self.batch
+        return total
+
+
 class ForgetSupervisors(Service):
     """Drop registrations of supervisors gone for long, and of waiters
     (awa_pool.wait) whose session ended without unregistering."""
@@ -429,5 +452,5 @@ def default_services(*, heartbeat_staleness: float, deadline_grace: float = DEFA
     """The leader's services; `supervisor_id`: the leader's own supervisor,
     which no rescue takes jobs from."""
     return [PromoteDue(), RescueDead(supervisor_id), RescueLost(heartbeat_staleness, supervisor_id),
-            RescueDeadlines(deadline_grace), ExpireCallbacks(), ForgetSupervisors(), FireCron(),
+            RescueDeadlines(deadline_grace), ExpireCallbacks(), ExpireJobs(), ForgetSupervisors(), FireCron(),
             Retention(retention_completed, retention_failed), VacuumQueueTables(), LiveCensus()]

@@ -80,6 +80,16 @@ DELETE FROM awa.supervisors s
 -- name: expire_callbacks
 SELECT job_id, new_state::text FROM awa.expire_callbacks(%(limit)s)
 
+-- name: expire_jobs
+-- Jobs past their expiry that never started, cancelled: (queue, kind, jobs).
+-- One probe of each partial index first: an idle leader does not call the
+-- function (the WHERE is a one-time filter ahead of the function scan).
+SELECT e.queue, e.kind, e.jobs
+  FROM awa.expire_jobs(%(limit)s) e
+ WHERE EXISTS (SELECT 1 FROM awa.jobs_hot h WHERE h.state = 'available' AND h.expires_at <= now())
+    OR EXISTS (SELECT 1 FROM awa.jobs_deferred d
+                WHERE d.state IN ('scheduled', 'retryable') AND d.expires_at <= now())
+
 -- name: queue_table_dead_tuples
 -- The counter itself, not pg_stat_user_tables: that view reads every
 -- statistic of every table in the database (partitions included) before
