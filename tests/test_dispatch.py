@@ -2,7 +2,6 @@
 then real supervisors."""
 from __future__ import annotations
 
-import time
 from datetime import datetime, timedelta, timezone
 
 import psycopg2
@@ -13,7 +12,7 @@ from awa_pool.worker.claimer import Claimer
 from awa_pool.worker.placement import JobTimes, spread
 from awa_pool.core.config import PoolConfig, QueueConfig
 from awa_pool.worker.dispatcher import Stride, entitlements, plan
-from helpers import enqueue_jobs, count_lines, exec_records, query, states, wait_for
+from helpers import count_lines, enqueue_jobs, exec_records, let_polls_go_by, query, states, wait_for
 
 
 def q(**kwargs):
@@ -240,10 +239,8 @@ def test_paused_queue_runs_nothing_until_resumed(dsn, pools):
     pools.start(workers=2)
     wait_for(lambda: count_lines(pools.log_dir, "queue_b") == 5, timeout=20, message="queue b drained")
     # several poll rounds go by: the paused queue stays untouched
-    deadline = time.monotonic() + 3.0
-    while time.monotonic() < deadline:
-        assert count_lines(pools.log_dir, "queue_a") == 0
-        time.sleep(0.1)
+    let_polls_go_by(dsn, heartbeats=2)
+    assert count_lines(pools.log_dir, "queue_a") == 0
     assert query(dsn, "SELECT count(*) FROM awa.jobs WHERE queue = 'a' AND state = 'available'") == [(5,)]
     conn = psycopg2.connect(dsn)
     resume_queue(conn, "a")

@@ -446,11 +446,11 @@ def test_roles_granted_before_0027_keep_enqueueing_and_working_after_migrating(
 
     producer_role = make_role("awa_producer", also=(empty_dsn,))
     worker_role = make_role("awa_worker", also=(empty_dsn,))
-    _migrate_until(empty_dsn, 28)
+    _migrate_until(empty_dsn, 27)
     _grant(empty_dsn, producer_role, "producer")
     _grant(empty_dsn, worker_role, "worker")
     with connection(empty_dsn) as conn:
-        assert migrate(conn)[-1] == 28
+        assert 27 in migrate(conn)
     policy = RetryPolicy(backoff="constant", base=5)
     producer_conn = psycopg2.connect(_as_role(empty_dsn, producer_role))
     try:
