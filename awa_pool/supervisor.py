@@ -4,15 +4,13 @@ the children's pipes and process sentinels, and a signal wakeup fd.
 It imports the app once before forking, reserves idle children before
 claiming, claims one batch per queue plan, hands batches down the pipes,
 and passes outcomes to the completer, which writes them in lease-guarded
-batches. The loop's thread is the only one that touches scheduling state
-(children, claims, placement); the completer, leader and watchdog threads
-exchange messages with it (docs/architecture.md, "Threads and locks").
-Signal handlers only record the signal; the loop acts on it (signals.py,
-which also chains a host program's handlers). A lost database connection
-is retried with backoff while the children keep running.
-
-`run()` is `start()`, then `step()` until stopped, then `close()`; tests
-and embedding programs may drive those three themselves.
+batches. The loop's thread alone touches scheduling state (children,
+claims, placement); the completer, leader and watchdog threads exchange
+messages with it (docs/architecture.md, "Threads and locks"). Signal
+handlers only record the signal; the loop acts on it (signals.py). A lost
+connection is retried with backoff while the children keep running.
+`run()` is `start()`, `step()` until stopped, then `close()`; tests and
+embedding programs may drive those three themselves.
 """
 from __future__ import annotations
 
@@ -42,7 +40,7 @@ from .worker.inflight import Finished
 from .worker.leader import Leader
 from .worker.lifecycle import RUNNING, STOPPED, Lifecycle
 from .worker.loop_events import CHILD, NOTIFY, SENTINEL, WAKEUP, WRITABLE, LoopEvents
-from .worker.maintenance import Maintenance, default_services
+from .worker.maintenance import Maintenance, services_for
 from .worker.outcomes import COMPLETED, EXIT_HOOK_FAILED, RAN, RELEASED
 from .worker.placement import JobTimes
 from .worker.protocol import PROGRESS, REPLY, REQUEST, ClaimedJob, Outcome
@@ -66,7 +64,8 @@ class Supervisor:
         self.pid = os.getpid()
         self.supervisor_id: Optional[int] = None
         self.turn = LoopTurn()
-        self.session = Session(config, on_lost=self._on_db_lost, on_back=self._on_db_back, turn=self.turn)
+        self.session = Session(config, on_lost=self._on_db_lost, on_back=self._on_db_back,
+                               on_listen=self._on_listen, turn=self.turn)
         self.completer = BackgroundCompleter(config.dsn, config.max_crashes)
         self.children = Children(config.workers, result_max_bytes=config.result_max_bytes,
                                  max_tasks_per_child=config.max_tasks_per_child,
@@ -77,7 +76,8 @@ class Supervisor:
         self.cancels = CancelRelay(self.children, config.cancel_grace, self.db)
         self.events = LoopEvents()
         self.queues: Dict[str, QueueConfig] = {}
-        self.claimer = Claimer(config, JobTimes(), self.db, self._claimed, completions=self.completer)
+        self.claimer = Claimer(config, JobTimes(), self.db, completions=self.completer,
+                               on_claimed=lambda queue, jobs: self.on_claim and self.on_claim(queue, jobs))
         self.handout = HandOut(config, self.children, self.claimer, ready=lambda: (
             self.session.connected and not self.completer.over_budget()))
         self.leader: Optional[Leader] = None
@@ -126,13 +126,9 @@ class Supervisor:
         if self.session.may_lead:
             # every supervisor with a session runs the thread: it holds the
             # second liveness lock (liveness.py); only a leading one campaigns
-            services = default_services(heartbeat_staleness=self.config.heartbeat_staleness,
-                                        deadline_grace=self.config.deadline_grace,
-                                        retention_completed=self.config.retention_completed,
-                                        retention_failed=self.config.retention_failed,
-                                        supervisor_id=self.supervisor_id)
             self.leader = Leader(self.config.session_dsn or self.config.dsn, self.supervisor_id,
-                                 Maintenance(services), stale_after_s=self.config.heartbeat_staleness,
+                                 Maintenance(services_for(self.config, self.supervisor_id)),
+                                 stale_after_s=self.config.heartbeat_staleness,
                                  campaign=self.config.leader)
             self.leader.start()
         self.watchdog.start()
@@ -312,16 +308,24 @@ class Supervisor:
         return self.session.run_quietly(what, fn)
 
     def _on_db_lost(self, error: str) -> None:
-        self.events.unwatch_notifier()
         self._count("db_disconnects")
         self._event("db_lost", {"error": error})
 
     def _on_db_back(self, outage: float) -> None:
-        self._watch_notifier()
         self._event("db_reconnected", {"outage_s": round(outage, 3)})
         self.claimer.look()
         self.reconcile()
         self.next_heartbeat = time.monotonic()
+
+    def _on_listen(self, up: bool) -> None:
+        """The LISTEN session went down or came back: notifications sent
+        meanwhile are lost to it, so the poll and the cancel sweep look."""
+        if up:
+            self._watch_notifier()
+            self.next_poll = time.monotonic()
+            self.cancels.sweep(self.next_poll)
+        else:
+            self.events.unwatch_notifier()
 
     def reconcile(self) -> None:
         """Release jobs the database says this supervisor runs but no child
@@ -384,7 +388,7 @@ class Supervisor:
         try:
             notes = self.session.notifier.drain()
         except psycopg2.Error as exc:
-            self.session.lost(exc)
+            self.session.listen_lost(exc)
             return
         self.claimer.wake(notes.queues)
         self.claimer.rush(notes.urgent)   # claimed at once by this turn's hand-out
@@ -433,10 +437,6 @@ class Supervisor:
         self.events.close()
         if self.state == STOPPED:
             log.info("supervisor %s stopped", self.supervisor_id)
-
-    def _claimed(self, queue: str, jobs: List[ClaimedJob]) -> None:
-        if self.on_claim is not None:
-            self.on_claim(queue, jobs)
 
     # -- observability hooks ----------------------------------------------------
     def _count(self, name: str, n: int = 1) -> None:

@@ -127,13 +127,8 @@ def _each_job_ran_once_but_the_killed_one(dsn: str, log_dir, ids) -> None:
     assert all(starts[job_id] == attempts[job_id] for job_id in ids), f"a job started twice: {starts}"
 
 
-def _server_address(dsn: str) -> "tuple[str, int]":
-    parts = psycopg2.extensions.parse_dsn(dsn)
-    return parts.get("host") or "127.0.0.1", int(parts.get("port") or 5432)
-
-
 def test_a_pooler_that_stops_answering_bounds_the_loop_and_children_are_still_reaped(
-        dsn, tmp_path, monkeypatch, caplog) -> None:
+        private_server, tmp_path, monkeypatch, caplog) -> None:
     """The main and completer sessions go through a PgBouncer that is
     SIGSTOPped: the loop's statement gets no answer. The watchdog logs the
     stalled turn with the statement and its backend, then cuts the
@@ -146,10 +141,9 @@ def test_a_pooler_that_stops_answering_bounds_the_loop_and_children_are_still_re
     if reason:
         pytest.skip(reason)
     monkeypatch.setenv("AWA_TEST_LOG_DIR", str(tmp_path))
-    host, port = _server_address(dsn)
-    bouncer = PgBouncer("127.0.0.1", host, port, "session")
-    database = psycopg2.extensions.parse_dsn(dsn)["dbname"]
-    config = PoolConfig(dsn=bouncer.url(database), session_dsn=dsn, workers=2, app="apps.basic",
+    dsn = private_server.url("outage")   # on TCP, which the pooler (run as the server's user) can reach
+    bouncer = PgBouncer("127.0.0.1", "127.0.0.1", private_server.port, "session")
+    config = PoolConfig(dsn=bouncer.url("outage"), session_dsn=dsn, workers=2, app="apps.basic",
                         heartbeat_interval=0.5, heartbeat_staleness=60.0)
     conn = psycopg2.connect(dsn)
     ids = awa_pool.enqueue_many(conn, [Job("sleep", {"seconds": 0.4}) for _ in range(12)])

@@ -178,9 +178,11 @@ def test_bad_queue_spec_is_one_line(processes, dsn, spec):
 
 def test_a_notify_event_after_the_connection_was_lost_in_the_same_wakeup_is_ignored(dsn) -> None:
     """One select() can report the LISTEN socket readable together with a
-    child whose request then finds the database gone: handling the child
-    closes the LISTEN session, and the notify event that follows must not
-    crash the supervisor (the chaos run saw it exit on an assertion)."""
+    child whose request then finds the database gone. Losing the main
+    connection leaves the LISTEN session (and its liveness lock) alone, so
+    the notify event that follows is read as usual; once the LISTEN session
+    itself is lost, its stale event must not crash the supervisor (the chaos
+    run saw it exit on an assertion)."""
     import psycopg2
 
     from awa_pool.core.config import PoolConfig
@@ -198,9 +200,11 @@ def test_a_notify_event_after_the_connection_was_lost_in_the_same_wakeup_is_igno
         ready = [kind for kind, _ in supervisor.events.select(5.0)]
         assert "notify" in ready, "the NOTIFY never reached the LISTEN session"
         session.lost(psycopg2.OperationalError("server closed the connection"))
+        assert session.conn is None and session.lost_at is not None
+        assert session.notifier.connected, "losing the main connection keeps the LISTEN session"
+        session.listen_lost(psycopg2.OperationalError("server closed the connection"))
         supervisor._on_notify()  # the stale event of the same select()
         assert not session.notifier.connected
-        assert session.conn is None and session.lost_at is not None
         assert notify_fd not in [key.fd for key in supervisor.events.selector.get_map().values()]
     finally:
         session.notifier.close()

@@ -82,18 +82,23 @@ class Leader:
         self._set_leader(False)
 
     def _run(self) -> None:
+        failures = 0   # in a row: the session holds a liveness lock, so the first retry is quick
         while not self._stop.is_set():
             wait = CAMPAIGN_INTERVAL_S
             try:
                 wait = self.step()
+                failures = 0
             except (psycopg2.Error, DatabaseUnavailable) as exc:
                 if self.conn is not None and not self.conn.closed and not is_connection_error(exc):
                     # a lock or statement timeout: the session (and the lock) live on
                     log.warning("leader pass failed: %s", first_line(exc))
+                    wait = 1.0
                 else:
-                    log.warning("leader connection failed: %s", first_line(exc))
+                    if not failures:
+                        log.warning("leader connection failed: %s", first_line(exc))
                     self._drop_connection()
-                wait = 1.0
+                    wait = min(1.0, 0.05 * 2 ** failures)
+                    failures += 1
             except Exception:  # a bug in a service must not kill the thread silently
                 log.exception("maintenance failed")
                 wait = 1.0

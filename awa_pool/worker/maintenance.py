@@ -454,3 +454,10 @@ def default_services(*, heartbeat_staleness: float, deadline_grace: float = DEFA
     return [PromoteDue(), RescueDead(supervisor_id), RescueLost(heartbeat_staleness, supervisor_id),
             RescueDeadlines(deadline_grace), ExpireCallbacks(), ExpireJobs(), ForgetSupervisors(), FireCron(),
             Retention(retention_completed, retention_failed), VacuumQueueTables(), LiveCensus()]
+
+
+def services_for(config: Any, supervisor_id: Optional[int]) -> List[Service]:
+    """The services of a supervisor's leader thread, from its PoolConfig."""
+    return default_services(heartbeat_staleness=config.heartbeat_staleness, deadline_grace=config.deadline_grace,
+                            retention_completed=config.retention_completed,
+                            retention_failed=config.retention_failed, supervisor_id=supervisor_id)

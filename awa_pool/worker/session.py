@@ -49,11 +49,13 @@ def _retry_state(attempt: int) -> RetryCallState:
 
 class Session:
     def __init__(self, config: PoolConfig, *, on_lost: Callable[[str], None],
-                 on_back: Callable[[float], None], turn: Optional[LoopTurn] = None) -> None:
+                 on_back: Callable[[float], None], on_listen: Callable[[bool], None] = lambda up: None,
+                 turn: Optional[LoopTurn] = None) -> None:
         self.config = config
         self.turn = turn or LoopTurn()
-        self.on_lost = on_lost    # (error line): the connections are gone
-        self.on_back = on_back    # (outage seconds): both are back
+        self.on_lost = on_lost    # (error line): the main connection is gone
+        self.on_back = on_back    # (outage seconds): it is back
+        self.on_listen = on_listen   # (up): the LISTEN session went down, or came back
         self.conn: Optional[psycopg2.extensions.connection] = None
         self.notifier = Notifier(config.session_dsn or config.dsn)
         self.listen_ok = True
@@ -63,6 +65,8 @@ class Session:
         self.lost_at: Optional[float] = None
         self.reconnect_at = 0.0
         self.reconnect_attempts = 0
+        self.listen_at = 0.0           # the LISTEN session's own reconnects (it holds a liveness lock)
+        self.listen_attempts = 0
         self.backoff = wait_exponential(multiplier=0.2, max=5.0) + wait_random(0, 0.2)
 
     @property
@@ -140,7 +144,7 @@ class Session:
             self._take_liveness(self.notifier.conn)
         except psycopg2.Error as exc:
             if is_connection_error(exc) or not self.notifier.connected or self.notifier.conn.closed:
-                self.lost(exc)
+                self.listen_lost(exc)
             else:
                 log.error("taking the liveness lock failed: %s", first_line(exc))
 
@@ -176,21 +180,40 @@ class Session:
             return None
 
     # -- losing and finding the database ---------------------------------------
+    # The two sessions come back on their own: the main one losing its
+    # connection must not drop the LISTEN session, which holds one of the
+    # supervisor's two liveness locks (while the other, the leader thread's,
+    # may be reconnecting too).
     def lost(self, exc: BaseException) -> None:
+        """The main connection failed."""
         first_loss = self.lost_at is None
         if first_loss:
             self.lost_at = time.monotonic()
             log.warning("lost the database connection (%s); retrying with backoff while children "
                         "keep running", first_line(exc))
-        self.close()
+        close_quietly(self.conn)
+        self.conn = None
         self.reconnect_attempts = 0
         self.reconnect_at = time.monotonic()
         if first_loss:
             self.on_lost(first_line(exc))
 
+    def listen_lost(self, exc: BaseException) -> None:
+        """The LISTEN session failed: it is opened again at once, then with backoff."""
+        if self.notifier.conn is not None:
+            log.info("the LISTEN session ended (%s); opening it again", first_line(exc))
+            self.on_listen(False)
+        self.notifier.close()
+        self.listen_attempts = 0
+        self.listen_at = time.monotonic()
+
     def maybe_reconnect(self, now: float) -> None:
-        if self.conn is not None or now < self.reconnect_at:
-            return
+        if self.conn is None and now >= self.reconnect_at:
+            self._reconnect_main(now)
+        if self.listen_ok and self.notifier.conn is None and now >= self.listen_at:
+            self._reopen_listen(now)
+
+    def _reconnect_main(self, now: float) -> None:
         self.reconnect_attempts += 1
         conn = None
         try:
@@ -199,11 +222,8 @@ class Session:
             if not self.pooled:
                 with conn.cursor() as cur:
                     cur.execute(QUERIES["loop_session"])
-            if self.listen_ok:  # the lock before claiming again: the leader must see us alive
-                self.notifier.open(first=self._take_liveness)
         except (AwaError, psycopg2.Error) as exc:
             close_quietly(conn)
-            self.notifier.close()
             delay = self.backoff(_retry_state(self.reconnect_attempts))
             self.reconnect_at = now + delay
             log.debug("reconnect attempt %d failed (%s); next in %.1fs", self.reconnect_attempts,
@@ -214,6 +234,18 @@ class Session:
         self.lost_at = None
         log.info("reconnected to the database after %.1fs", outage)
         self.on_back(outage)
+
+    def _reopen_listen(self, now: float) -> None:
+        self.listen_attempts += 1
+        try:
+            self.notifier.open(first=self._take_liveness)
+        except (AwaError, psycopg2.Error) as exc:
+            self.notifier.close()
+            self.listen_at = now + self.backoff(_retry_state(self.listen_attempts))
+            log.debug("reopening the LISTEN session failed (attempt %d: %s)", self.listen_attempts,
+                      first_line(exc))
+            return
+        self.on_listen(True)
 
     def close(self) -> None:
         close_quietly(self.conn)
