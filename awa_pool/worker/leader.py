@@ -48,6 +48,7 @@ class Leader:
         self.changes = 0
         self.stale_after_s = stale_after_s
         self.next_depose_check = 0.0
+        self.campaign_after = 0.0   # a leader that lost its session lets the others try first
 
     @property
     def is_leader(self) -> bool:
@@ -79,6 +80,12 @@ class Leader:
     def _drop_connection(self) -> None:
         close_quietly(self.conn)  # ends the session: the advisory lock is released
         self.conn = None
+        if self._is_leader:
+            # Its session was ended (deposed as frozen, a network blip): it
+            # reconnects at once for its liveness lock, but campaigns only
+            # after the others had two tries, so a thawed leader does not
+            # take the lock back from the one that replaced it.
+            self.campaign_after = time.monotonic() + 2 * CAMPAIGN_INTERVAL_S
         self._set_leader(False)
 
     def _run(self) -> None:
@@ -139,6 +146,9 @@ class Leader:
             return CAMPAIGN_INTERVAL_S
         with self.conn.cursor() as cur:
             if not self._is_leader:
+                if time.monotonic() < self.campaign_after:
+                    self._follower_checks(cur)
+                    return CAMPAIGN_INTERVAL_S
                 cur.execute(QUERIES["try_leader_lock"], {"class": LOCK_CLASS, "key": LOCK_LEADER})
                 if not cur.fetchone()[0]:
                     self._follower_checks(cur)
