@@ -162,3 +162,36 @@ def test_modules_stay_small() -> None:
         limit = 550 if name == "supervisor" else 500
         lines = source.count("\n")
         assert lines <= limit, f"{name}.py has {lines} lines (at most {limit})"
+
+
+def test_awa_pool_aio_loads_no_driver_until_one_is_passed(dsn) -> None:
+    """`import awa_pool.aio` is as light as `import awa_pool` (no supervisor
+    stack), imports no psycopg, asyncpg or SQLAlchemy, and an asyncpg
+    connection passed loads asyncpg's seam only."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, asyncio, awa_pool.aio\n"
+        "def loaded():\n"
+        "    return sorted(m for m in sys.modules if m.split('.')[0] in ('awa_pool', 'multiprocess', 'croniter',"
+        " 'psycopg', 'asyncpg', 'sqlalchemy'))\n"
+        "print(' '.join(loaded()))\n"
+        "import asyncpg\n"
+        "async def main():\n"
+        f"    conn = await asyncpg.connect({dsn!r})\n"
+        "    async with conn.transaction():\n"
+        "        await awa_pool.aio.enqueue(conn, awa_pool.Job('k', {'a': 1}))\n"
+        "    await conn.close()\n"
+        "asyncio.run(main())\n"
+        "print(' '.join(loaded()))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    imported, used = (set(line.split()) for line in done.stdout.splitlines())
+    supervisor_stack = {"awa_pool.supervisor", "awa_pool.worker.children", "awa_pool.worker.claimer",
+                        "awa_pool.child", "multiprocess", "croniter"}
+    assert "awa_pool.aio" in imported and "awa_pool.api.aio_drivers" in imported
+    assert not imported & supervisor_stack, f"import awa_pool.aio loaded {sorted(imported & supervisor_stack)}"
+    drivers = {m for m in imported if m.split(".")[0] in ("psycopg", "asyncpg", "sqlalchemy")}
+    assert not drivers, f"import awa_pool.aio loaded {sorted(drivers)}"
+    assert "asyncpg" in used and not {m for m in used if m.split(".")[0] in ("psycopg", "sqlalchemy")}
+    assert not used & supervisor_stack

@@ -356,9 +356,7 @@ class Job:
 
     def with_defaults(self, defaults: Mapping[str, Any]) -> "Job":
         """Fill the fields this job left unset from a task's declared defaults."""
-        # a default equal to what the job holds changes nothing: no copy (a
-        # copy validates every field again, and a bulk enqueue makes one per job)
-        missing = {name: value for name, value in defaults.items()
+        missing = {name: value for name, value in defaults.items()  # equal ones: no copy to revalidate
                    if name not in self._explicit and value is not None and getattr(self, name) != value}
         return self.replace(**missing) if missing else self
 
