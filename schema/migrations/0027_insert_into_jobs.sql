@@ -71,7 +71,7 @@ CREATE INDEX jobs_inbox_id ON awa.jobs_inbox (id);
 -- 3. Validation. unique_opts as awa.insert_job reads them: by_args and by_queue booleans,
 -- period a positive number of seconds, states a list of job states.
 CREATE FUNCTION awa.unique_opts_problem(p_opts jsonb) RETURNS text
-LANGUAGE plpgsql IMMUTABLE AS $$
+LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_key text;
 BEGIN
@@ -96,14 +96,15 @@ BEGIN
     RETURN NULL;
 END $$;
 
--- What is wrong with a job row, in words (NULL: nothing). A plain SQL
--- expression (no subquery), so the planner inlines it into the
--- statement-level check below.
+-- What is wrong with a job row, in words (NULL: nothing). One SQL
+-- expression with no subquery, declared STABLE like format() and
+-- array_to_string() in it, so the planner inlines it into the statement's
+-- check below (IMMUTABLE, it was called row by row: 10 µs a row, not 0.3).
 CREATE FUNCTION awa.job_row_problem(
     p_kind text, p_args jsonb, p_queue text, p_priority integer, p_max_attempts integer,
     p_timeout_s double precision, p_tags text[], p_metadata jsonb, p_ordering_key text,
     p_unique_opts jsonb, p_foreign_cols integer DEFAULT 0)
-RETURNS text LANGUAGE sql IMMUTABLE AS $$
+RETURNS text LANGUAGE sql STABLE AS $$
     SELECT CASE
         WHEN p_foreign_cols > 0 THEN
             'only kind, args, queue, priority, run_at, max_attempts, timeout_s, tags, metadata, '
