@@ -870,10 +870,10 @@ END $$;
 CREATE TRIGGER jobs_inbox_unique BEFORE INSERT ON awa.jobs_inbox
     FOR EACH ROW WHEN (NEW.unique_opts IS NOT NULL) EXECUTE FUNCTION awa.place_unique_row();
 
--- The rest of the statement's rows, set-based, with insert_jobs' shape:
--- check them all (the first problem fails the statement), one INSERT into
--- each job table, one NOTIFY per queue that got ready jobs, then empty the
--- statement's part of the inbox.
+-- The rest of the statement's rows, set-based, with insert_jobs' defaults
+-- and lanes: check them all (the first problem fails the statement), one
+-- INSERT into each job table, one NOTIFY per queue that got ready jobs,
+-- then empty the statement's part of the inbox.
 CREATE FUNCTION awa.place_inserted_jobs() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -881,7 +881,6 @@ DECLARE
     v_kind    text;
     v_first   bigint;
     v_last    bigint;
-    v_woken   bigint;
 BEGIN
     SELECT p.problem, p.kind INTO v_problem, v_kind
       FROM (SELECT awa.job_row_problem(f.kind, f.args, f.queue, f.priority, f.max_attempts, f.timeout_s,
@@ -894,32 +893,29 @@ BEGIN
             DETAIL = format('in a row of kind %s', coalesce(quote_literal(v_kind), 'NULL'));
     END IF;
 
-    WITH j AS MATERIALIZED (
-        SELECT f.*, coalesce(f.run_at, now()) AS eff_run_at,
-               awa.lane_of(q.shards, f.ordering_key) AS new_lane
-          FROM fresh f
-          LEFT JOIN awa.queues q ON q.name = coalesce(f.queue, 'default')
-         WHERE f.placed_id IS NULL
-    ),
-    hot AS (
-        INSERT INTO awa.jobs_hot (id, kind, queue, args, state, priority, run_at,
-            max_attempts, timeout_s, tags, metadata, lane, ordering_key)
-        SELECT id, kind, coalesce(queue, 'default'), coalesce(args, '{}'), 'available',
-               coalesce(priority, 2), eff_run_at, coalesce(max_attempts, 25), timeout_s,
-               coalesce(tags, '{}'), coalesce(metadata, '{}'), new_lane, ordering_key
-          FROM j WHERE eff_run_at <= now()
-         ORDER BY id
-    ),
-    deferred AS (
-        INSERT INTO awa.jobs_deferred (id, kind, queue, args, state, priority, run_at,
-            max_attempts, timeout_s, tags, metadata, lane, ordering_key)
-        SELECT id, kind, coalesce(queue, 'default'), coalesce(args, '{}'), 'scheduled',
-               coalesce(priority, 2), eff_run_at, coalesce(max_attempts, 25), timeout_s,
-               coalesce(tags, '{}'), coalesce(metadata, '{}'), new_lane, ordering_key
-          FROM j WHERE eff_run_at > now()
-    )
-    SELECT count(pg_notify('awa_jobs', w.queue)) INTO v_woken
-      FROM (SELECT DISTINCT coalesce(queue, 'default') AS queue FROM j WHERE eff_run_at <= now()) w;
+    -- one pass per table over the statement's rows (they have their ids:
+    -- no sort, no materialized copy)
+    INSERT INTO awa.jobs_hot (id, kind, queue, args, state, priority, run_at,
+        max_attempts, timeout_s, tags, metadata, lane, ordering_key)
+    SELECT f.id, f.kind, coalesce(f.queue, 'default'), coalesce(f.args, '{}'), 'available',
+           coalesce(f.priority, 2), coalesce(f.run_at, now()), coalesce(f.max_attempts, 25), f.timeout_s,
+           coalesce(f.tags, '{}'), coalesce(f.metadata, '{}'), awa.lane_of(q.shards, f.ordering_key),
+           f.ordering_key
+      FROM fresh f
+      LEFT JOIN awa.queues q ON q.name = coalesce(f.queue, 'default')
+     WHERE f.placed_id IS NULL AND (f.run_at IS NULL OR f.run_at <= now());
+    INSERT INTO awa.jobs_deferred (id, kind, queue, args, state, priority, run_at,
+        max_attempts, timeout_s, tags, metadata, lane, ordering_key)
+    SELECT f.id, f.kind, coalesce(f.queue, 'default'), coalesce(f.args, '{}'), 'scheduled',
+           coalesce(f.priority, 2), f.run_at, coalesce(f.max_attempts, 25), f.timeout_s,
+           coalesce(f.tags, '{}'), coalesce(f.metadata, '{}'), awa.lane_of(q.shards, f.ordering_key),
+           f.ordering_key
+      FROM fresh f
+      LEFT JOIN awa.queues q ON q.name = coalesce(f.queue, 'default')
+     WHERE f.placed_id IS NULL AND f.run_at > now();
+    PERFORM pg_notify('awa_jobs', w.queue)
+       FROM (SELECT DISTINCT coalesce(f.queue, 'default') AS queue FROM fresh f
+              WHERE f.placed_id IS NULL AND (f.run_at IS NULL OR f.run_at <= now())) w;
 
     SELECT min(f.id), max(f.id) INTO v_first, v_last FROM fresh f;
     DELETE FROM awa.jobs_inbox i WHERE i.id BETWEEN v_first AND v_last;
