@@ -62,6 +62,11 @@ class AsyncLink:
     def driver_in_transaction(self) -> bool:
         raise NotImplementedError
 
+    def listening(self, loads: Loads) -> "contextlib.AbstractAsyncContextManager[_Watch]":
+        """For wait(): the connection in autocommit, LISTENing (see _Watch),
+        its rows decoded with `loads`; as it was again on the way out."""
+        raise NotImplementedError
+
     def in_transaction(self) -> bool:
         """True inside a transaction, including SQLAlchemy's before its first statement."""
         if self.driver_in_transaction():
@@ -149,12 +154,12 @@ class AsyncpgLink(AsyncLink):
         if plan.writes and self.framework is None and not self.raw.is_in_transaction():
             raise ValueError(OUTSIDE_TRANSACTION)
         decoder = None if plan.loads is None else _Decoder(plan.loads, await self._json_decoded())
-        return await drive_async(plan.steps, functools.partial(self._execute, decoder))
+        return await drive_async(plan.steps, functools.partial(self.execute, decoder))
 
     def driver_in_transaction(self) -> bool:
         return bool(self.raw.is_in_transaction())
 
-    async def _execute(self, decoder: Optional["_Decoder"], query: Query) -> Rows:
+    async def execute(self, decoder: Optional["_Decoder"], query: Query) -> Rows:
         statement, names = positional(QUERIES[query.name])
         records = await self.raw.fetch(statement, *[query.params[name] for name in names])
         if not records:
@@ -333,7 +338,7 @@ class _AsyncpgWatch(_Watch):
         self.arrived.set()
 
     async def look(self, query: Query) -> Rows:
-        return await self.link._execute(self.decoder, query)
+        return await self.link.execute(self.decoder, query)
 
     async def _listen(self) -> None:
         await self.link.raw.add_listener(DONE_CHANNEL, self._on_notify)
