@@ -161,17 +161,29 @@ class AsyncpgLink(AsyncLink):
 
     async def execute(self, decoder: Optional["_Decoder"], query: Query) -> Rows:
         statement, names = positional(QUERIES[query.name])
-        records = await self.raw.fetch(statement, *[query.params[name] for name in names])
+        args = [query.params[name] for name in names]
+        types = _COLUMN_TYPES.get(statement) if decoder is not None else ()
+        if types is None:
+            types, records = await self._learn_types(statement, args)
+        else:
+            records = await self.raw.fetch(statement, *args)
         if not records:
             return NO_ROWS
         columns = tuple(records[0].keys())
         if decoder is None:
             return Rows(records, columns)   # ids and counts: asyncpg's values as they come
-        types = _COLUMN_TYPES.get(statement)
-        if types is None or len(types) != len(columns):
-            prepared = await self.raw.prepare(statement)
-            types = _COLUMN_TYPES[statement] = tuple(a.type.name for a in prepared.get_attributes())
+        if len(types) != len(columns):      # the schema changed under this process: learn again (reads only)
+            types, records = await self._learn_types(statement, args)
         return Rows(decoder.rows(records, types), columns)
+
+    async def _learn_types(self, statement: str, args: List[Any]) -> Tuple[Tuple[str, ...], List[Any]]:
+        """Run a statement through a prepared statement of its own, to learn
+        its columns' types. It must run at once: asyncpg prepares with a
+        Flush, not a Sync, and the server then holds an implicit transaction
+        open (and its notifications back) until the next statement."""
+        prepared = await self.raw.prepare(statement)
+        types = _COLUMN_TYPES[statement] = tuple(a.type.name for a in prepared.get_attributes())
+        return types, await prepared.fetch(*args)
 
     async def _json_decoded(self) -> bool:
         """Does this connection's jsonb codec hand back decoded values? asyncpg's
