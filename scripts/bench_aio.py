@@ -13,11 +13,13 @@ repeat), medians reported:
   <driver> enqueue    awa_pool.aio.enqueue in a loop, awaited (psycopg 3 async, asyncpg)
   <driver> many       awa_pool.aio.enqueue_many
   raw INSERT          INSERT INTO awa.jobs (kind, args, queue) VALUES (...), (...) RETURNING id,
-                      5,000 rows a statement (enqueue_many's chunk): with psycopg2's
-                      execute_values (the rows as literals), and with asyncpg ($n
-                      parameters, three per row, as a Node.js or Go producer sends them)
+                      --raw-chunk rows a statement (1,000): with psycopg2's execute_values
+                      (the rows as literals), and with asyncpg ($n parameters, three per
+                      row, as a Node.js or Go producer sends them)
   raw INSERT unnest   INSERT INTO awa.jobs (kind, args, queue) SELECT * FROM unnest($1, $2, $3)
-                      RETURNING id, asyncpg, three array parameters per 5,000 rows
+                      RETURNING id, asyncpg, three array parameters per statement
+  bare VALUES         the asyncpg raw INSERT's statements into a plain temporary table
+                      (kind, args, queue): what the statement form costs with no queue at all
 
 Every side inserts the same jobs (kind "bench_aio", args {"i": i}, the Job
 objects or the rows built before the clock starts) into a queue of its own,
@@ -55,7 +57,7 @@ from awa_pool import aio  # noqa: E402
 from scriptdb import drop_database, fresh_database  # noqa: E402
 
 KIND = "bench_aio"
-RAW_CHUNK = 5000
+RAW_CHUNK = 1000   # rows per raw INSERT statement (--raw-chunk)
 TARGETS = {"many": 0.8, "raw": 0.5}   # x the sync enqueue_many rate
 
 
@@ -151,7 +153,7 @@ async def _asyncpg(url: str, queue: str, n: int, many: bool) -> tuple:
         await conn.close()
 
 
-async def _raw_asyncpg(url: str, queue: str, n: int) -> tuple:
+async def _raw_asyncpg(url: str, queue: str, n: int, target: str = "awa.jobs") -> tuple:
     import asyncpg
 
     chunks = []
@@ -159,9 +161,11 @@ async def _raw_asyncpg(url: str, queue: str, n: int) -> tuple:
         size = min(RAW_CHUNK, n - start)
         values = ", ".join(f"(${3 * i + 1}, ${3 * i + 2}, ${3 * i + 3})" for i in range(size))
         params = [value for i in range(start, start + size) for value in (KIND, f'{{"i": {i}}}', queue)]
-        chunks.append((f"INSERT INTO awa.jobs (kind, args, queue) VALUES {values} RETURNING id", params))
+        chunks.append((f"INSERT INTO {target} (kind, args, queue) VALUES {values} RETURNING id", params))
     conn = await asyncpg.connect(url)
     try:
+        if target != "awa.jobs":   # the floor: the same statements into a table of no queue
+            await conn.execute(f"CREATE TEMP TABLE {target} (id bigserial, kind text, args jsonb, queue text)")
         t = time.perf_counter()
         ids = []
         async with conn.transaction():
@@ -205,10 +209,12 @@ SIDES: Dict[str, Callable[[str, str, int], tuple]] = {
     "raw INSERT psycopg2": raw_insert,
     "raw INSERT asyncpg": lambda url, queue, n: asyncio.run(_raw_asyncpg(url, queue, n)),
     "raw INSERT unnest": lambda url, queue, n: asyncio.run(_raw_unnest(url, queue, n)),
+    "bare VALUES": lambda url, queue, n: asyncio.run(_raw_asyncpg(url, queue, n, target="bench_plain")),
 }
 
 
 def main() -> int:
+    global RAW_CHUNK
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--database-url", default=None,
                     help="database to use (default: a fresh database on postgresql://postgres@127.0.0.1:5432, "
@@ -216,8 +222,10 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=20000, help="jobs per bulk measurement (default 20000)")
     ap.add_argument("--loop-n", type=int, default=2000, help="jobs per loop measurement (default 2000)")
     ap.add_argument("--repeats", type=int, default=5, help="measurements per side (default 5)")
+    ap.add_argument("--raw-chunk", type=int, default=RAW_CHUNK, help="rows per raw INSERT statement (default 1000)")
     ap.add_argument("--check", action="store_true", help="exit 1 if a target of SPEC §12 is missed")
     args = ap.parse_args()
+    RAW_CHUNK = args.raw_chunk
 
     own_db = args.database_url is None
     server = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -239,7 +247,7 @@ def main() -> int:
                 elapsed, ids = run(url, queues[side], sizes[side])
                 if len(ids) != sizes[side] or len(set(ids)) != sizes[side] or ids != sorted(ids):
                     raise SystemExit(f"{side}: {len(ids)} ids ({len(set(ids))} distinct) for {sizes[side]} jobs")
-                got = count_queued(url, queues[side])
+                got = sizes[side] if side == "bare VALUES" else count_queued(url, queues[side])
                 if got != sizes[side]:
                     raise SystemExit(f"{side}: expected {sizes[side]} jobs in awa.jobs_hot, found {got}")
                 results[side].append(elapsed / sizes[side])
@@ -253,7 +261,7 @@ def main() -> int:
     per_job = {side: statistics.median(values) for side, values in results.items()}
     base = per_job["sync enqueue_many"]
     print(f"\nawa_pool {awa_pool.__version__}, Python {platform.python_version()}, "
-          f"N={args.n} (loops {args.loop_n}), median of {args.repeats}:")
+          f"N={args.n} (loops {args.loop_n}, raw statements of {RAW_CHUNK} rows), median of {args.repeats}:")
     print(f"  {'side':24s} {'us/job':>8s} {'jobs/s':>10s}  rate x sync enqueue_many")
     missed = []
     for side, seconds in per_job.items():
