@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import select
 import time
+import uuid
 
 import psycopg2
 import psycopg2.errors
+import psycopg2.extensions
 import pytest
 
 import awa_pool
@@ -239,3 +241,32 @@ def test_a_real_pool_runs_raw_inserted_jobs(dsn, pools) -> None:
     for job_id in ids:
         wait_for(lambda: record(dsn, job_id).state == "completed", timeout=60, message=f"job {job_id} to complete")
     assert [record(dsn, i).result for i in ids[:3]] == [{"sum": 2}, {"sum": 3}, {"sum": 4}]
+
+
+def test_a_producer_granted_before_migration_0027_may_insert_after_it(empty_dsn) -> None:
+    """The migration gives the new privileges to every role that already
+    held the producer profile (grant_producer gives them from now on)."""
+    from psycopg2 import sql
+
+    from awa_pool.core.sql import QUERIES, load_migrations
+
+    role = f"awa_early_producer_{uuid.uuid4().hex[:12]}"
+    query(empty_dsn, sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        with connection(empty_dsn) as conn, conn.cursor() as cur:
+            cur.execute(QUERIES["bootstrap_migrations"])
+            for version, _name, text in load_migrations():
+                if version == 27:
+                    cur.execute("SELECT awa.grant_producer(%s)", (role,))
+                cur.execute(text)
+            conn.commit()
+        params = psycopg2.extensions.parse_dsn(empty_dsn)
+        params["user"] = role
+        with psycopg2.connect(**params) as producer, producer.cursor() as cur:
+            cur.execute("INSERT INTO awa.jobs (kind, args) VALUES ('early', '{}') RETURNING id")
+            assert cur.fetchone()[0] > 0
+        producer.close()
+        assert query(empty_dsn, "SELECT kind FROM awa.jobs") == [("early",)]
+    finally:
+        query(empty_dsn, sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        query(empty_dsn, sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
