@@ -259,18 +259,21 @@ def main() -> int:
             drop_database(server, dbname)
 
     per_job = {side: statistics.median(values) for side, values in results.items()}
-    base = per_job["sync enqueue_many"]
+    best = {side: min(values) for side, values in results.items()}
+    base, base_best = per_job["sync enqueue_many"], best["sync enqueue_many"]
     print(f"\nawa_pool {awa_pool.__version__}, Python {platform.python_version()}, "
-          f"N={args.n} (loops {args.loop_n}, raw statements of {RAW_CHUNK} rows), median of {args.repeats}:")
-    print(f"  {'side':24s} {'us/job':>8s} {'jobs/s':>10s}  rate x sync enqueue_many")
+          f"N={args.n} (loops {args.loop_n}, raw statements of {RAW_CHUNK} rows), {args.repeats} repeats:")
+    print(f"  {'side':24s} {'us/job':>8s} {'jobs/s':>10s}  {'x sync many':>11s}   best: us/job  x sync many")
     missed = []
     for side, seconds in per_job.items():
-        ratio = base / seconds
+        ratio, ratio_best = base / seconds, base_best / best[side]
         target = TARGETS["raw"] if side.startswith("raw") else TARGETS["many"] if side.endswith(" many") else None
-        verdict = "" if target is None else f"  (target >= {target}x: {'met' if ratio >= target else 'MISSED'})"
+        verdict = "" if target is None else f"   (target >= {target}x: {'met' if ratio >= target else 'MISSED'})"
         if target is not None and ratio < target:
             missed.append(side)
-        print(f"  {side:24s} {1e6 * seconds:8.1f} {1 / seconds:10,.0f}  x{ratio:.2f}{verdict}")
+        print(f"  {side:24s} {1e6 * seconds:8.1f} {1 / seconds:10,.0f}  {ratio:10.2f}x   "
+              f"{1e6 * best[side]:12.1f} {ratio_best:10.2f}x{verdict}")
+    print("  (median of the repeats; the target is judged on the medians; best = the fastest repeat)")
     return 1 if args.check and missed else 0
 
 
