@@ -13,6 +13,7 @@ from .worker.hooks import OutcomeEvent, PoolInfo
 from .core.job import DEFAULT_UNIQUE_STATES, Job, JobRecord, JobState, Unique
 from .api.migrate import migrate
 from .core.periodic import periodic
+from .core.retry import RetryPolicy
 from .worker.pool import Pool
 from .api.producer import Batch, enqueue, enqueue_batch, enqueue_many
 from .ops.stats import QueueDepth, QueueStats, queue_depth, queue_stats
@@ -28,5 +29,5 @@ __all__ = [
     "PoolConfig", "PoolInfo", "QueueConfig", "Retry", "SchemaMissing", "Snooze", "Task", "Unique",
     "UnknownCallback", "UnknownJob", "WaitForCallback", "__version__", "current_context", "enqueue",
     "enqueue_batch", "enqueue_many", "migrate", "on_child_start", "periodic", "task",
-    "QueueDepth", "queue_depth",
+    "QueueDepth", "queue_depth", "RetryPolicy",
 ]

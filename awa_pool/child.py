@@ -20,12 +20,12 @@ import traceback
 from typing import Any, List, Optional, Sequence
 
 from .worker.execute import run as run_job
+from .worker.outcomes import EXIT_CRASHED, EXIT_HOOK_FAILED, EXIT_ORPHANED, RELEASED
 from .worker.protocol import (DONE, LOW, PROGRESS, READY, REPLY, REQUEST, RUN, STOP, ClaimedJob, Outcome,
                               StatusBlock, recv_blocking, send)
 from .core.tasks import child_start_hooks
 from .core.tracing import flush as flush_spans
 
-EXIT_HOOK_FAILED = 73   # an on_child_start hook raised: the supervisor must not respawn
 FLUSH_AFTER_S = 0.002   # send buffered outcomes at least this often during a batch
 PROGRESS_EVERY_S = 0.05  # at most one progress message per job per interval
 _PR_SET_PDEATHSIG = 1
@@ -38,7 +38,7 @@ def _die_with_parent(parent_pid: int) -> None:
     except (OSError, AttributeError):  # not Linux: pipe EOF still ends the child
         pass
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
+        os._exit(EXIT_ORPHANED)
 
 
 def _init_process(parent_pid: int, close_fds: Sequence[int], neutralize_fds: Sequence[int]) -> None:
@@ -206,7 +206,7 @@ def _run_batch(jobs: List[ClaimedJob], first_position: int, channel: PipeChannel
         if status.cancel_requested_for(job.id) or not status.start(
                 job.id, first_position + index, time.monotonic()):
             # cancelled, or taken back by the supervisor, before it started
-            reporter.pending.append(Outcome(job.id, job.lease, "released"))
+            reporter.pending.append(Outcome(job.id, job.lease, RELEASED))
             if index == low_at:
                 reporter.flush()  # no LOW to carry what waited for it
             continue
@@ -268,7 +268,7 @@ def child_main(parent_pid: int, down_fd: int, up_fd: int, status: StatusBlock,
             sys.stderr.write("awa_pool child %d crashed:\n%s" % (os.getpid(), traceback.format_exc()))
             sys.stderr.flush()
         finally:
-            os._exit(70)
+            os._exit(EXIT_CRASHED)
     try:
         flush_spans()  # os._exit skips the tracing SDK's own flush at exit
         sys.stdout.flush()

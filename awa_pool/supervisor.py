@@ -3,10 +3,14 @@ the children's pipes and process sentinels, and a signal wakeup fd.
 
 It imports the app once before forking, reserves idle children before
 claiming, claims one batch per queue plan, hands batches down the pipes,
-buffers outcomes and writes them in lease-guarded batches. Signal handlers
-only record the signal; the loop acts on it (see signals.py, which also
-chains a host program's handlers). A lost database connection is retried
-with backoff while the children keep running.
+and passes outcomes to the completer, which writes them in lease-guarded
+batches. The loop's thread alone touches scheduling state (children,
+claims, placement); the completer, leader and watchdog threads exchange
+messages with it (docs/architecture.md, "Threads and locks"). Signal
+handlers only record the signal; the loop acts on it (signals.py). A lost
+connection is retried with backoff while the children keep running.
+`run()` is `start()`, `step()` until stopped, then `close()`; tests and
+embedding programs may drive those three themselves.
 """
 from __future__ import annotations
 
@@ -14,35 +18,37 @@ import json
 import logging
 import os
 import random
-import selectors
 import socket
 import time
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import psycopg2
-import psycopg2.extensions
 
-from .worker.cancels import CancelRelay
-from .child import EXIT_HOOK_FAILED
-from .worker.children import ChildHandle, Children, Released
-from .worker.completer import BackgroundCompleter
-from .worker.claimer import Claimer, Db
 from .core.config import PoolConfig, QueueConfig
 from .core.db import describe, socket_of
-from .core.errors import AwaError, ConfigError
+from .core.errors import AwaError
+from .core.sql import QUERIES
+from .core.tasks import import_app
+from .core.version import __version__
+from .worker import ownership
+from .worker.cancels import CancelRelay
+from .worker.children import ChildHandle, Children, Released
+from .worker.claimer import Claimer
+from .worker.completer import BackgroundCompleter
+from .worker.handout import HandOut
 from .worker.inflight import Finished
 from .worker.leader import Leader
 from .worker.lifecycle import RUNNING, STOPPED, Lifecycle
-from .worker.maintenance import Maintenance, default_services
-from .worker.registration import read_queue_settings
-from .worker.session import Session
+from .worker.loop_events import CHILD, NOTIFY, SENTINEL, WAKEUP, WRITABLE, LoopEvents
+from .worker.maintenance import Maintenance, services_for
+from .worker.outcomes import COMPLETED, EXIT_HOOK_FAILED, RAN, RELEASED
+from .worker.placement import JobTimes
 from .worker.protocol import PROGRESS, REPLY, REQUEST, ClaimedJob, Outcome
+from .worker.registration import read_queue_settings, served_queues
 from .worker.requests import answer as answer_request
+from .worker.session import Session
 from .worker.signals import SignalRelay
-from .core.sql import QUERIES
-from .core.tasks import all_tasks, import_app
-from .worker.urgent_lane import StateLock, UrgentLane
-from .core.version import __version__
+from .worker.watchdog import LoopTurn, Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +63,9 @@ class Supervisor:
         self.hostname = socket.gethostname()
         self.pid = os.getpid()
         self.supervisor_id: Optional[int] = None
-        self.session = Session(config, on_lost=self._on_db_lost, on_back=self._on_db_back)
-        self.notify_fd = -1
+        self.turn = LoopTurn()
+        self.session = Session(config, on_lost=self._on_db_lost, on_back=self._on_db_back,
+                               on_listen=self._on_listen, turn=self.turn)
         self.completer = BackgroundCompleter(config.dsn, config.max_crashes)
         self.children = Children(config.workers, result_max_bytes=config.result_max_bytes,
                                  max_tasks_per_child=config.max_tasks_per_child,
@@ -66,20 +73,15 @@ class Supervisor:
                                  inherited_fds=self._inherited_fds)
         self.life = Lifecycle(self.children, config.shutdown_timeout, on_drain=self._drain,
                               on_killed=self._on_child_exit, on_stopped=self._final_flush)
-        self.cancels = CancelRelay(self.children, config.cancel_grace, self._db)
-        self.selector = selectors.DefaultSelector()
-        self.writing: Set[int] = set()  # child pipes watched for writability (outbox pending)
+        self.cancels = CancelRelay(self.children, config.cancel_grace, self.db)
+        self.events = LoopEvents()
         self.queues: Dict[str, QueueConfig] = {}
-        self.claimer = Claimer(config, self.children, self._db, lambda: self.session.connected,
-                               self._claimed, held_back=self.completer.over_budget,
-                               completions=self.completer,
-                               lane_up=lambda: self.lane is not None and self.lane.connected)
+        self.claimer = Claimer(config, JobTimes(), self.db, completions=self.completer,
+                               on_claimed=lambda queue, jobs: self.on_claim and self.on_claim(queue, jobs))
+        self.handout = HandOut(config, self.children, self.claimer, ready=lambda: (
+            self.session.connected and not self.completer.over_budget()))
         self.leader: Optional[Leader] = None
-        # Held through a tick, given up while it waits (select, statements):
-        # the urgent lane claims and hands out meanwhile.
-        self.state_lock = StateLock()
-        self.session.waiting = self.state_lock.released
-        self.lane: Optional[UrgentLane] = None
+        self.watchdog = Watchdog(config.session_dsn or config.dsn, self.turn)
         self.signals = SignalRelay()
         self.completer.on_relief = self.signals.wake  # claiming resumes once big results are written
         self.exit_code = 0
@@ -100,139 +102,106 @@ class Supervisor:
     def run(self) -> int:
         """Run until shut down; returns the process exit code."""
         try:
-            self._start()
+            self.start()
             while self.state != STOPPED:
-                self.tick()
+                self.step()
         finally:
-            self._cleanup()
+            self.close()
         return self.exit_code
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Import the app, connect and register, start the completer, the
+        leader and the watchdog, fork the children. The calling thread is
+        the loop's from now on: only it may call step()."""
+        ownership.bind(self.children, self.claimer, self.claimer.times, self.claimer.stride, self.handout)
         if self.config.app:
             import_app(self.config.app)
-        self.queues = self._served_queues()
+        self.queues = served_queues(self.config.queues)
         self._start_session()
         self.completer.start()
         self._install_signals()
         self._watch_notifier()
         for slot in self.children.empty_slots():
             self._spawn(slot)
-        if self.config.leader and self.session.may_lead:
-            services = default_services(heartbeat_staleness=self.config.heartbeat_staleness,
-                                        deadline_grace=self.config.deadline_grace,
-                                        retention_completed=self.config.retention_completed,
-                                        retention_failed=self.config.retention_failed)
+        if self.session.may_lead:
+            # every supervisor with a session runs the thread: it holds the
+            # second liveness lock (liveness.py); only a leading one campaigns
             self.leader = Leader(self.config.session_dsn or self.config.dsn, self.supervisor_id,
-                                 Maintenance(services), stale_after_s=self.config.heartbeat_staleness)
+                                 Maintenance(services_for(self.config, self.supervisor_id)),
+                                 stale_after_s=self.config.heartbeat_staleness,
+                                 campaign=self.config.leader)
             self.leader.start()
+        self.watchdog.start()
         self.state = RUNNING
         log.info("supervisor %d started: %d children, queues %s, database %s", self.supervisor_id,
                  self.config.workers, ", ".join(sorted(self.queues)), describe(self.config.dsn))
         self._event("started", {"supervisor_id": self.supervisor_id})
 
-    def _start_lane(self) -> None:
-        """Open the urgent lane (its session is a fifth connection: only a
-        supervisor that has heard of a priority-1 job pays for it)."""
-        self.lane = UrgentLane(self.config.session_dsn or self.config.dsn, self.state_lock,
-                               rush=self._rush_urgent, on_handed_out=self.signals.wake,
-                               on_up=lambda: self.claimer.urgent_left.update(self.queues))
-        self.lane.start()
-
-    def _rush_urgent(self, names: Set[str], db: Db) -> int:
-        """The lane's claim, under the state lock: none while draining (the
-        jobs are for other supervisors)."""
-        return self.claimer.rush_now(names, db) if self.state == RUNNING else 0
-
-    def _served_queues(self) -> Dict[str, QueueConfig]:
-        queues = dict(self.config.queues)
-        if not queues:
-            for declared in all_tasks().values():
-                queues.setdefault(declared.queue, QueueConfig())
-        if not queues:
-            raise ConfigError("nothing to serve: no --queue given and the app registers no tasks")
-        return queues
-
     def _start_session(self) -> None:
         registration = self.session.start(self.queues, self.pid)
         self.supervisor_id = registration.supervisor_id
         self.completer.session_settings = not self.session.pooled
+        self.completer.supervisor_id = self.supervisor_id
         self.claimer.start(self.queues, self.supervisor_id)
-        self._apply_settings(registration.shards, registration.paused)
+        self.claimer.apply_settings(registration.shards, registration.paused)
 
     def _install_signals(self) -> None:
-        self.selector.register(self.signals.install(), selectors.EVENT_READ, ("wakeup", None))
+        self.events.watch_wakeup(self.signals.install())
 
     def _inherited_fds(self) -> Tuple[List[int], List[int]]:
         """(fds a new child must close, database sockets it must neutralize)."""
         close = [fd for fd in (self.signals.read_fd, self.signals.write_fd) if fd >= 0]
         conns = (self.leader.conn if self.leader else None, self.completer.conn)
-        sockets = self.session.sockets() + [fd for fd in map(socket_of, conns) if fd is not None]
-        if self.lane is not None:
-            lane_close, lane_sockets = self.lane.inherited_fds()
-            close, sockets = close + lane_close, sockets + lane_sockets
-        return close, sockets
+        return close, self.session.sockets() + [fd for fd in map(socket_of, conns) if fd is not None]
 
     def _watch_notifier(self) -> None:
-        if not self.session.notifier.connected:
-            return  # no LISTEN behind a transaction pooler without a session URL
-        self.notify_fd = self.session.notifier.fileno()
-        self.selector.register(self.notify_fd, selectors.EVENT_READ, ("notify", None))
-
-    def _unwatch_notifier(self) -> None:
-        # by the fd we registered: a broken connection may no longer report it
-        if self.notify_fd >= 0:
-            try:
-                self.selector.unregister(self.notify_fd)
-            except (KeyError, ValueError):
-                pass
-            self.notify_fd = -1
+        if self.session.notifier.connected:   # none behind a transaction pooler without a session URL
+            self.events.watch_notifier(self.session.notifier.fileno())
 
     def _spawn(self, slot: int) -> ChildHandle:
         child = self.children.spawn(slot)
-        self.selector.register(child.up_fd, selectors.EVENT_READ, ("child", child))
-        self.selector.register(child.process.sentinel, selectors.EVENT_READ, ("sentinel", child))
+        self.events.watch_child(child)
         return child
 
     # -- the loop --------------------------------------------------------------
-    def tick(self, max_wait: Optional[float] = None) -> None:
-        """One iteration: wait for events (bounded), then act on everything due."""
-        with self.state_lock:
-            self._tick(max_wait)
-
-    def _tick(self, max_wait: Optional[float]) -> None:
+    def step(self, max_wait: Optional[float] = None) -> None:
+        """One turn of the loop: wait for events (at most `max_wait`, and no
+        longer than the next deadline), then act on everything due."""
         timeout = self._next_timeout()
         if max_wait is not None:
             timeout = min(timeout, max_wait)
-        self._watch_outboxes()
-        with self.state_lock.released():
-            events = self.selector.select(timeout)
-        for key, _ in events:
-            kind, child = key.data
-            if kind == "child":
+        self.events.watch_outboxes(self.children.all())
+        self.turn.idle()
+        ready = self.events.select(timeout)
+        self.turn.begin()
+        for kind, child in ready:
+            if kind == CHILD:
                 self._on_child_readable(child)
-            elif kind == "writable":
+            elif kind == WRITABLE:
                 self.children.flush(child)
-            elif kind == "sentinel":
+            elif kind == SENTINEL:
                 self._on_child_exit(child)
-            elif kind == "notify":
+            elif kind == NOTIFY:
                 self._on_notify()
-            elif kind == "wakeup":
+            elif kind == WAKEUP:
                 self.signals.drain_wakeup()
         self.life.on_signals(self.signals.take())
         now = time.monotonic()
-        self._enforce_deadlines(now)
+        self.check_deadlines(now)
         self.session.maybe_reconnect(now)
-        self._maintain_children()
+        if self.state == RUNNING:
+            for slot in self.children.empty_slots():
+                self._spawn(slot)
         if now >= self.next_poll:
             self._poll(now)
         # Dispatch before the periodic writes: a job woken by NOTIFY must not
         # wait behind a heartbeat's round trip.
-        connected = self.session.connected
-        if self.state == RUNNING and connected:
-            self.claimer.hand_out()
+        if self.state == RUNNING:
+            self.handout.run()
         if self.nudge_completer:  # what no claim carried just now
             self.nudge_completer = False
             self.completer.nudge()
+        connected = self.session.connected
         if now >= self.next_heartbeat and connected:
             self._heartbeat(now)
         if now >= self.next_settings and connected:
@@ -241,34 +210,12 @@ class Supervisor:
         if self.life.winding_down:
             self.life.advance(time.monotonic())
 
-    def _watch_outboxes(self) -> None:
-        """Wait for a child's pipe to be writable only while messages for
-        it wait in its outbox."""
-        for child in self.children.all():
-            if child.outbox.pending and child.down_fd not in self.writing:
-                self.selector.register(child.down_fd, selectors.EVENT_WRITE, ("writable", child))
-                self.writing.add(child.down_fd)
-            elif not child.outbox.pending and child.down_fd in self.writing:
-                self._unwatch_writes(child)
-
-    def _unwatch_writes(self, child: ChildHandle) -> None:
-        if child.down_fd in self.writing:
-            self.writing.discard(child.down_fd)
-            try:
-                self.selector.unregister(child.down_fd)
-            except (KeyError, ValueError):
-                pass
-
     def _next_timeout(self) -> float:
         now = time.monotonic()
-        candidates = [self.next_poll]
-        if self.session.connected:
-            candidates.append(self.next_heartbeat)
-        else:
-            # no heartbeat goes without a connection: a past one must not
-            # turn the loop into a busy spin for the whole outage
-            candidates.append(self.session.reconnect_at)
-        candidates.append(self.children.next_check(now))
+        # no heartbeat goes without a connection: a past one must not turn
+        # the loop into a busy spin for the whole outage
+        candidates = [self.next_poll, self.next_heartbeat if self.session.connected else self.session.reconnect_at,
+                      self.children.next_check(now)]
         if self.life.winding_down:
             candidates.append(now + 0.05)
         return max(0.0, min(candidates) - now)
@@ -279,7 +226,7 @@ class Supervisor:
             return
         outcomes, others = self.children.read(child)
         if outcomes:
-            # the completer is woken after this tick's claims, which may carry them
+            # the completer is woken after this turn's claims, which may carry them
             self._record_outcomes(outcomes, wake=False)
             self.nudge_completer = True
         for message in others:
@@ -299,8 +246,8 @@ class Supervisor:
                            wake=wake)
         for finished in outcomes:
             outcome, job = finished.outcome, finished.job
-            if job and outcome.outcome in ("completed", "failed", "retry", "snooze", "cancel"):
-                self.claimer.record_job_time(job.queue, outcome.wall_s)
+            if job and outcome.outcome in RAN:
+                self.claimer.times.record(job.queue, outcome.wall_s)
             self._count(outcome.outcome)
             if self.on_outcome is not None:
                 self.on_outcome(finished)
@@ -308,12 +255,7 @@ class Supervisor:
     def _on_child_exit(self, child: ChildHandle) -> None:
         if not self.children.current(child):
             return
-        for fd in (child.up_fd, child.process.sentinel):
-            try:
-                self.selector.unregister(fd)
-            except (KeyError, ValueError):
-                pass
-        self._unwatch_writes(child)
+        self.events.forget_child(child)
         reaped = self.children.reap(child)
         self._record_outcomes(reaped.outcomes)
         if reaped.exitcode == EXIT_HOOK_FAILED:
@@ -326,7 +268,7 @@ class Supervisor:
             log.debug("child %d exited after its stop request", child.pid)
         else:
             victim = next((f.outcome.job_id for f in reaped.outcomes
-                           if f.outcome.outcome not in ("released", "completed")), None)
+                           if f.outcome.outcome not in (RELEASED, COMPLETED)), None)
             cause = reaped.kill_reason[1] if reaped.kill_reason else reaped.cause
             how = "killed (%s)" if reaped.kill_reason else "died: %s"
             log.warning("child %d " + how + "%s", child.pid, cause,
@@ -334,12 +276,9 @@ class Supervisor:
             self._count("child_died")
             self._event("child_died", {"pid": child.pid, "cause": cause, "job_id": victim})
 
-    def _maintain_children(self) -> None:
-        if self.state == RUNNING:
-            for slot in self.children.empty_slots():
-                self._spawn(slot)
-
-    def _enforce_deadlines(self, now: float) -> None:
+    def check_deadlines(self, now: float) -> None:
+        """What each turn does at `now` (a test may pass a later clock):
+        timeouts, take-back of jobs queued behind a long one, cancel grace."""
         checked = self.children.check(now)
         if checked.timed_out:
             self._count("timed_out", checked.timed_out)
@@ -355,34 +294,45 @@ class Supervisor:
     def _answer(self, child: ChildHandle, message: tuple) -> None:
         _, request_id, job_id, lease, method, payload = message
         try:
-            value = self.session.run(lambda cur: answer_request(cur, job_id, lease, method, payload))
+            value = self.session.run(lambda cur: answer_request(cur, job_id, lease, method, payload),
+                                     f"a child's request ({method})")
             reply = (REPLY, request_id, True, value)
         except Exception as exc:  # the handler gets the error raised in its own code
             reply = (REPLY, request_id, False, exc if isinstance(exc, AwaError) else AwaError(str(exc)))
         self.children.reply(child, reply)
 
     # -- database ----------------------------------------------------------------
-    def _db(self, what: str, fn: Callable[[Any], Any]) -> Any:
+    def db(self, what: str, fn: Callable[[Any], Any]) -> Any:
+        """fn(cursor) on the main session; on a database error, log it (or
+        start reconnecting) and return None."""
         return self.session.run_quietly(what, fn)
 
     def _on_db_lost(self, error: str) -> None:
-        self._unwatch_notifier()
         self._count("db_disconnects")
         self._event("db_lost", {"error": error})
 
     def _on_db_back(self, outage: float) -> None:
-        self._watch_notifier()
         self._event("db_reconnected", {"outage_s": round(outage, 3)})
         self.claimer.look()
-        self._reconcile()
+        self.reconcile()
         self.next_heartbeat = time.monotonic()
 
-    def _reconcile(self) -> None:
+    def _on_listen(self, up: bool) -> None:
+        """The LISTEN session went down or came back: notifications sent
+        meanwhile are lost to it, so the poll and the cancel sweep look."""
+        if up:
+            self._watch_notifier()
+            self.next_poll = time.monotonic()
+            self.cancels.sweep(self.next_poll)
+        else:
+            self.events.unwatch_notifier()
+
+    def reconcile(self) -> None:
         """Release jobs the database says this supervisor runs but no child
         holds (a claim that committed while its reply was lost)."""
         if not self.session.connected or self.supervisor_id is None:
             return
-        rows = self._db("reconciling", lambda cur: (cur.execute(
+        rows = self.db("reconciling", lambda cur: (cur.execute(
             QUERIES["my_running_jobs"], {"id": self.supervisor_id}), cur.fetchall())[1])
         if not rows:
             return
@@ -393,33 +343,28 @@ class Supervisor:
         if orphans:
             log.warning("releasing %d job(s) claimed by this supervisor but held by no child: %s", len(orphans),
                         ", ".join(str(job_id) for job_id, _ in orphans[:20]) + (" ..." if len(orphans) > 20 else ""))
-            self.completer.add([Outcome(job_id, lease, "released") for job_id, lease in orphans])
+            self.completer.add([Outcome(job_id, lease, RELEASED) for job_id, lease in orphans])
 
     def _heartbeat(self, now: float) -> None:
         self.next_heartbeat = now + self.config.heartbeat_interval
         stats = json.dumps(self.stats())
-
-        def beat(cur: Any) -> None:
-            cur.execute(QUERIES["heartbeat"], {
-                "id": self.supervisor_id, "hostname": self.hostname, "pid": self.pid,
-                "version": __version__, "queues": sorted(self.queues), "workers": self.config.workers,
-                "stats": stats})
-
-        self._db("heartbeat", beat)
+        self.db("heartbeat", lambda cur: cur.execute(QUERIES["heartbeat"], {
+            "id": self.supervisor_id, "hostname": self.hostname, "pid": self.pid, "version": __version__,
+            "queues": sorted(self.queues), "workers": self.config.workers, "stats": stats}))
         self.session.check_liveness()
         self.cancels.sweep(now)
         if now >= self.next_reconcile:
             self.next_reconcile = now + RECONCILE_INTERVAL_S
-            self._reconcile()
+            self.reconcile()
 
     def stats(self) -> Dict[str, Any]:
+        claimer = self.claimer
         return dict(
             self.children.summary(), state=self.state, leader=bool(self.leader and self.leader.is_leader),
-            counters=dict(self.counters, claims=self.claimer.claims, empty_claims=self.claimer.empty_claims,
-                          claimed_jobs=self.claimer.claimed_jobs, completion_flushes=self.completer.flushes,
+            counters=dict(self.counters, claims=claimer.claims, empty_claims=claimer.empty_claims,
+                          claimed_jobs=claimer.claimed_jobs, completion_flushes=self.completer.flushes,
                           completion_rides=self.completer.rides, overtakes=self.children.overtakes,
-                          handovers=self.claimer.handovers,
-                          urgent_claims=self.lane.rushes if self.lane else 0),
+                          urgent_claims=claimer.rushes, loop_stalls=self.watchdog.stalls),
             listen=self.session.listen_ok)
 
     def _poll(self, now: float) -> None:
@@ -431,15 +376,9 @@ class Supervisor:
             self.cancels.sweep(now)
 
     def _refresh_settings(self) -> None:
-        settings = self._db("reading queue settings", lambda cur: read_queue_settings(cur, self.queues))
+        settings = self.db("reading queue settings", lambda cur: read_queue_settings(cur, self.queues))
         if settings is not None:
-            self._apply_settings(*settings)
-
-    def _apply_settings(self, shards: Dict[str, int], paused: Dict[str, bool]) -> None:
-        self.claimer.shards.update(shards)
-        for name, is_paused in paused.items():
-            if is_paused:
-                self.claimer.no_work(name)
+            self.claimer.apply_settings(*settings)
 
     def _on_notify(self) -> None:
         if not self.session.notifier.connected:
@@ -449,13 +388,10 @@ class Supervisor:
         try:
             notes = self.session.notifier.drain()
         except psycopg2.Error as exc:
-            self.session.lost(exc)
+            self.session.listen_lost(exc)
             return
         self.claimer.wake(notes.queues)
-        if notes.urgent and (self.lane is None or not self.lane.connected):
-            self.claimer.rush(notes.urgent)  # no lane session (yet): the next hand-out claims them
-            if self.lane is None:
-                self._start_lane()
+        self.claimer.rush(notes.urgent)   # claimed at once by this turn's hand-out
         if notes.cancels:
             self.cancels.on_notified(notes.cancels, time.monotonic())
 
@@ -485,25 +421,22 @@ class Supervisor:
         if not self.session.connected:
             self.session.reconnect_at = 0.0
             self.session.maybe_reconnect(time.monotonic())
-        self._db("marking the supervisor stopped", lambda cur: cur.execute(
+        self.db("marking the supervisor stopped", lambda cur: cur.execute(
             QUERIES["supervisor_stopped"], {"id": self.supervisor_id, "stats": json.dumps(self.stats())}))
 
-    def _cleanup(self) -> None:
-        if self.lane is not None:
-            self.lane.stop()
+    def close(self) -> None:
+        """Stop the threads, kill what children are left, close every
+        connection, give the signal handlers back."""
+        self.watchdog.stop()
         self.completer.stop()
         if self.leader is not None:
             self.leader.stop()
         self.children.kill_all()
         self.session.close()
         self.signals.restore()
-        self.selector.close()
+        self.events.close()
         if self.state == STOPPED:
             log.info("supervisor %s stopped", self.supervisor_id)
-
-    def _claimed(self, queue: str, jobs: List[ClaimedJob]) -> None:
-        if self.on_claim is not None:
-            self.on_claim(queue, jobs)
 
     # -- observability hooks ----------------------------------------------------
     def _count(self, name: str, n: int = 1) -> None:
@@ -512,6 +445,3 @@ class Supervisor:
     def _event(self, name: str, fields: Dict[str, Any]) -> None:
         if self.on_event is not None:
             self.on_event(name, fields)
-
-
-

@@ -71,7 +71,8 @@ CREATE SEQUENCE awa.job_id_seq;
 -- lock that stalls every claim; the table refills with the next burst).
 --
 -- Column order matters: the three job tables share it, so rows move between
--- them with INSERT ... SELECT. jobs_done appends one column (segment).
+-- them with INSERT ... SELECT. Only jobs_done's rows have a segment
+-- (awa.apply_outcome and awa.put_job set it as a job becomes terminal).
 CREATE TABLE awa.jobs_hot (
     id                  bigint      NOT NULL DEFAULT nextval('awa.job_id_seq'),
     kind                text        NOT NULL,
@@ -107,6 +108,11 @@ CREATE TABLE awa.jobs_hot (
     callback_timeout_at timestamptz,
     callback_result     jsonb,
     dead_lettered       boolean     NOT NULL DEFAULT false,
+    -- the ring segment of a terminal job; NULL in this table and in
+    -- awa.jobs_deferred (migration 0027: one row shape for the three tables)
+    segment             smallint,
+    retry_policy        jsonb,          -- how a failed attempt backs off (NULL: 2^n s)
+    expires_at          timestamptz,    -- not started by then: cancelled as expired
     -- copied to the other two job tables by LIKE ... INCLUDING CONSTRAINTS
     CONSTRAINT jobs_kind_len CHECK (length(kind) BETWEEN 1 AND 200),
     CONSTRAINT jobs_queue_len CHECK (length(queue) BETWEEN 1 AND 200),
@@ -136,6 +142,13 @@ CREATE INDEX jobs_hot_running ON awa.jobs_hot (supervisor_id)
     WHERE state = 'running';
 CREATE INDEX jobs_hot_callback ON awa.jobs_hot (callback_id)
     WHERE callback_id IS NOT NULL;
+-- Jobs that may expire before they start (awa.expire_jobs), and the
+-- earlier attempts of retried jobs (awa.kind_stats): only rows that have
+-- one are indexed, so jobs with neither cost nothing here.
+CREATE INDEX jobs_hot_expiring ON awa.jobs_hot (expires_at)
+    WHERE state = 'available' AND expires_at IS NOT NULL;
+CREATE INDEX jobs_hot_retried ON awa.jobs_hot (kind)
+    WHERE attempt_log IS NOT NULL;
 
 -- 2.2 Deferred jobs: scheduled (run_at in the future, or held at
 -- 'infinity' as a batch follow-up), retryable, waiting_external. Promotion
@@ -162,6 +175,10 @@ CREATE INDEX jobs_deferred_callback_due ON awa.jobs_deferred (callback_timeout_a
     WHERE state = 'waiting_external';
 CREATE INDEX jobs_deferred_batch ON awa.jobs_deferred (batch_id)
     WHERE batch_id IS NOT NULL;
+CREATE INDEX jobs_deferred_expiring ON awa.jobs_deferred (expires_at)
+    WHERE state IN ('scheduled', 'retryable') AND expires_at IS NOT NULL;
+CREATE INDEX jobs_deferred_retried ON awa.jobs_deferred (kind)
+    WHERE attempt_log IS NOT NULL;
 
 -- 2.3 Terminal history: a ring of 8 list partitions by segment. New
 -- terminal rows go to segment awa.done_ring.current; retention
@@ -170,9 +187,9 @@ CREATE INDEX jobs_deferred_batch ON awa.jobs_deferred (batch_id)
 -- mass-DELETEd (no dead tuples, no vacuum debt).
 CREATE TABLE awa.jobs_done (
     LIKE awa.jobs_hot INCLUDING DEFAULTS INCLUDING CONSTRAINTS,
-    segment smallint NOT NULL,
     CONSTRAINT jobs_done_state CHECK (state IN ('completed', 'failed', 'cancelled'))
 ) PARTITION BY LIST (segment);
+ALTER TABLE awa.jobs_done ALTER COLUMN segment SET NOT NULL;
 ALTER TABLE awa.jobs_done DROP CONSTRAINT jobs_hot_state;
 ALTER TABLE awa.jobs_done ALTER COLUMN state SET DEFAULT 'completed';
 
@@ -280,11 +297,11 @@ INSERT INTO awa.live_census_meta DEFAULT VALUES;
 
 -- 2.4 Every job wherever it is, for admin queries. Read-only but for
 -- INSERT, which producers in any language may use (section 3, migration
--- 0027); unique_opts is write-only (reads show NULL).
+-- 0028); unique_opts is write-only (reads show NULL).
 CREATE VIEW awa.jobs AS
-    SELECT *, NULL::smallint AS segment, NULL::jsonb AS unique_opts FROM awa.jobs_hot
+    SELECT *, NULL::jsonb AS unique_opts FROM awa.jobs_hot
     UNION ALL
-    SELECT *, NULL::smallint AS segment, NULL::jsonb AS unique_opts FROM awa.jobs_deferred
+    SELECT *, NULL::jsonb AS unique_opts FROM awa.jobs_deferred
     UNION ALL
     SELECT *, NULL::jsonb AS unique_opts FROM awa.jobs_done;
 
@@ -302,6 +319,8 @@ CREATE UNLOGGED TABLE awa.jobs_inbox (
     tags          text[],
     metadata      jsonb,
     ordering_key  text,
+    retry_policy  jsonb,
+    expires_at    timestamptz,
     unique_opts   jsonb,
     -- how many of the columns awa_pool sets itself (id, state, attempt...) the INSERT gave
     foreign_cols  integer  NOT NULL DEFAULT 0,
@@ -557,6 +576,55 @@ BEGIN
     END IF;
 END $$;
 
+-- A retry policy as a producer gives it (awa_pool.RetryPolicy writes all
+-- four keys): {"backoff": "exponential" | "linear" | "constant", "base": s,
+-- "max_delay": s, "jitter": fraction}, every key optional. Returns it, or
+-- raises one clear error naming what is wrong, so that a bad policy is
+-- refused at enqueue and never reaches awa.backoff_s.
+CREATE FUNCTION awa.check_retry_policy(p_policy jsonb) RETURNS jsonb
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_key     text;
+    v_backoff text := coalesce(p_policy ->> 'backoff', 'exponential');
+BEGIN
+    IF p_policy IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF jsonb_typeof(p_policy) <> 'object' THEN
+        RAISE EXCEPTION 'retry_policy must be a JSON object like {"backoff": "linear", "base": 10}, not %',
+            p_policy USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR v_key IN SELECT jsonb_object_keys(p_policy) LOOP
+        IF v_key NOT IN ('backoff', 'base', 'max_delay', 'jitter') THEN
+            RAISE EXCEPTION 'retry_policy has an unknown key "%" (it takes backoff, base, max_delay, jitter)',
+                v_key USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        IF v_key <> 'backoff' AND jsonb_typeof(p_policy -> v_key) <> 'number' THEN
+            RAISE EXCEPTION 'retry_policy % must be a number of seconds, not %', v_key, p_policy -> v_key
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+    IF v_backoff NOT IN ('exponential', 'linear', 'constant') OR jsonb_typeof(p_policy -> 'backoff') <> 'string' THEN
+        RAISE EXCEPTION 'retry_policy backoff must be "exponential", "linear" or "constant", not %',
+            p_policy -> 'backoff' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (p_policy ->> 'base')::double precision < (CASE WHEN v_backoff = 'exponential' THEN 1 ELSE 0 END) THEN
+        RAISE EXCEPTION 'retry_policy base must be % with backoff %, not %',
+            CASE WHEN v_backoff = 'exponential' THEN '>= 1' ELSE '>= 0' END, v_backoff, p_policy -> 'base'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT ((p_policy ->> 'max_delay')::double precision > 0
+            AND (p_policy ->> 'max_delay')::double precision <= 31622400) THEN
+        RAISE EXCEPTION 'retry_policy max_delay must be over 0 and at most 31622400 seconds (366 days), not %',
+            p_policy -> 'max_delay' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT (p_policy ->> 'jitter')::double precision BETWEEN 0 AND 1 THEN
+        RAISE EXCEPTION 'retry_policy jitter must be from 0 to 1, not %', p_policy -> 'jitter'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN p_policy;
+END $$;
+
 -- The stable producer entry point for any language:
 --   SELECT awa.insert_job('send_email', '{"to": "a@b.c"}');
 -- Inserts one job in the caller's transaction and returns its id.
@@ -564,6 +632,10 @@ END $$;
 -- "states": [...]}: while a job with the same key is in one of `states`, no
 -- job is inserted and the existing job's id is returned.
 -- hold: park the job until released (the follow-up of a batch).
+-- expires_at: a job not started by then is cancelled with reason "expired"
+-- (awa.expire_jobs) and never runs. retry_policy: how its failed attempts
+-- back off (awa.backoff_s, checked by awa.check_retry_policy), for example
+-- '{"backoff": "linear", "base": 10}'; NULL: 2^n seconds plus up to 25 %.
 CREATE FUNCTION awa.insert_job(
     kind          text,
     args          jsonb DEFAULT '{}',
@@ -577,7 +649,9 @@ CREATE FUNCTION awa.insert_job(
     unique_opts   jsonb DEFAULT NULL,
     ordering_key  text DEFAULT NULL,
     batch_id      bigint DEFAULT NULL,
-    hold          boolean DEFAULT false
+    hold          boolean DEFAULT false,
+    expires_at    timestamptz DEFAULT NULL,
+    retry_policy  jsonb DEFAULT NULL
 ) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 #variable_conflict use_variable
@@ -588,6 +662,7 @@ DECLARE
     v_run_at  timestamptz := coalesce(run_at, now());
     v_shards  smallint;
     v_lane    smallint;
+    v_policy  jsonb := awa.check_retry_policy(retry_policy);
 BEGIN
     IF batch_id IS NOT NULL THEN
         PERFORM awa.require_open_batch(batch_id);
@@ -608,17 +683,19 @@ BEGIN
 
     IF hold OR v_run_at > now() THEN
         INSERT INTO awa.jobs_deferred AS j (id, kind, queue, args, state, priority, run_at,
-            max_attempts, timeout_s, tags, metadata, unique_key, lane, ordering_key, batch_id)
+            max_attempts, timeout_s, tags, metadata, unique_key, lane, ordering_key, batch_id,
+            retry_policy, expires_at)
         VALUES (v_id, kind, queue, coalesce(args, '{}'), 'scheduled', priority,
             CASE WHEN hold THEN 'infinity'::timestamptz ELSE v_run_at END,
             max_attempts, timeout_s, coalesce(tags, '{}'), coalesce(metadata, '{}'),
-            v_key, v_lane, ordering_key, batch_id);
+            v_key, v_lane, ordering_key, batch_id, v_policy, expires_at);
     ELSE
         INSERT INTO awa.jobs_hot AS j (id, kind, queue, args, state, priority, run_at,
-            max_attempts, timeout_s, tags, metadata, unique_key, lane, ordering_key, batch_id)
+            max_attempts, timeout_s, tags, metadata, unique_key, lane, ordering_key, batch_id,
+            retry_policy, expires_at)
         VALUES (v_id, kind, queue, coalesce(args, '{}'), 'available', priority, v_run_at,
             max_attempts, timeout_s, coalesce(tags, '{}'), coalesce(metadata, '{}'),
-            v_key, v_lane, ordering_key, batch_id);
+            v_key, v_lane, ordering_key, batch_id, v_policy, expires_at);
         PERFORM pg_notify('awa_jobs', queue);  -- see "Waking supervisors" below
     END IF;
     RETURN v_id;
@@ -626,7 +703,8 @@ END $$;
 
 -- Bulk insert: p_jobs is a JSON array of objects with insert_job's parameter
 -- names as keys, plus delay_s (seconds from now) as an alternative to
--- run_at; absent keys take the defaults. Returns (ord, id) pairs, ord being
+-- run_at and expires_in_s (seconds from now) to expires_at; absent keys
+-- take the defaults. Returns (ord, id) pairs, ord being
 -- the 1-based input position. Jobs without unique options go in with two
 -- set-based statements; unique jobs go through insert_job one by one.
 -- p_batch_id: every job joins that (open) batch.
@@ -644,35 +722,43 @@ BEGIN
     WITH j AS MATERIALIZED (
         SELECT x.*, nextval('awa.job_id_seq') AS new_id,
                coalesce(x.run_at, now() + make_interval(secs => x.delay_s), now()) AS eff_run_at,
-               awa.lane_of(q.shards, x.ordering_key) AS new_lane
+               awa.lane_of(q.shards, x.ordering_key) AS new_lane,
+               coalesce(x.expires_at, now() + make_interval(secs => x.expires_in_s)) AS eff_expires_at,
+               CASE WHEN x.retry_policy IS NOT NULL THEN awa.check_retry_policy(x.retry_policy) END
+                   AS checked_policy
           FROM ROWS FROM (jsonb_to_recordset(p_jobs) AS (
                    kind text, args jsonb, queue text, priority integer,
                    run_at timestamptz, max_attempts integer, timeout_s double precision,
                    tags text[], metadata jsonb, unique_opts jsonb, ordering_key text,
-                   hold boolean, delay_s double precision))
+                   hold boolean, delay_s double precision, expires_at timestamptz,
+                   expires_in_s double precision, retry_policy jsonb))
                WITH ORDINALITY AS x(kind, args, queue, priority, run_at, max_attempts,
                    timeout_s, tags, metadata, unique_opts, ordering_key, hold,
-                   delay_s, ord)
+                   delay_s, expires_at, expires_in_s, retry_policy, ord)
           LEFT JOIN awa.queues q ON q.name = coalesce(x.queue, 'default')
          WHERE x.unique_opts IS NULL
     ),
     hot AS (
         INSERT INTO awa.jobs_hot (id, kind, queue, args, state, priority, run_at,
-            max_attempts, timeout_s, tags, metadata, lane, ordering_key, batch_id)
+            max_attempts, timeout_s, tags, metadata, lane, ordering_key, batch_id,
+            retry_policy, expires_at)
         SELECT new_id, kind, coalesce(queue, 'default'), coalesce(args, '{}'), 'available',
                coalesce(priority, 2), eff_run_at, coalesce(max_attempts, 25), timeout_s,
-               coalesce(tags, '{}'), coalesce(metadata, '{}'), new_lane, ordering_key, p_batch_id
+               coalesce(tags, '{}'), coalesce(metadata, '{}'), new_lane, ordering_key, p_batch_id,
+               checked_policy, eff_expires_at
           FROM j
          WHERE NOT coalesce(hold, false) AND eff_run_at <= now()
     ),
     deferred AS (
         INSERT INTO awa.jobs_deferred (id, kind, queue, args, state, priority, run_at,
-            max_attempts, timeout_s, tags, metadata, lane, ordering_key, batch_id)
+            max_attempts, timeout_s, tags, metadata, lane, ordering_key, batch_id,
+            retry_policy, expires_at)
         SELECT new_id, kind, coalesce(queue, 'default'), coalesce(args, '{}'), 'scheduled',
                coalesce(priority, 2),
                CASE WHEN coalesce(hold, false) THEN 'infinity'::timestamptz ELSE eff_run_at END,
                coalesce(max_attempts, 25), timeout_s,
-               coalesce(tags, '{}'), coalesce(metadata, '{}'), new_lane, ordering_key, p_batch_id
+               coalesce(tags, '{}'), coalesce(metadata, '{}'), new_lane, ordering_key, p_batch_id,
+               checked_policy, eff_expires_at
           FROM j
          WHERE coalesce(hold, false) OR eff_run_at > now()
     ),
@@ -690,10 +776,11 @@ BEGIN
                    kind text, args jsonb, queue text, priority integer,
                    run_at timestamptz, max_attempts integer, timeout_s double precision,
                    tags text[], metadata jsonb, unique_opts jsonb, ordering_key text,
-                   hold boolean, delay_s double precision))
+                   hold boolean, delay_s double precision, expires_at timestamptz,
+                   expires_in_s double precision, retry_policy jsonb))
                WITH ORDINALITY AS x(kind, args, queue, priority, run_at, max_attempts,
                    timeout_s, tags, metadata, unique_opts, ordering_key, hold,
-                   delay_s, ord)
+                   delay_s, expires_at, expires_in_s, retry_policy, ord)
          WHERE x.unique_opts IS NOT NULL
          ORDER BY x.ord
     LOOP
@@ -703,7 +790,8 @@ BEGIN
             coalesce(u.run_at, now() + make_interval(secs => u.delay_s)),
             coalesce(u.max_attempts, 25), u.timeout_s,
             coalesce(u.tags, '{}'), coalesce(u.metadata, '{}'), u.unique_opts,
-            u.ordering_key, p_batch_id, coalesce(u.hold, false));
+            u.ordering_key, p_batch_id, coalesce(u.hold, false),
+            coalesce(u.expires_at, now() + make_interval(secs => u.expires_in_s)), u.retry_policy);
         RETURN NEXT;
     END LOOP;
 END $$;
@@ -711,7 +799,8 @@ END $$;
 -- The bulk fast path: jobs that are ready now, with no unique key and no
 -- hold. One INSERT in input order: ids come from the sequence as rows are
 -- inserted, so sorted ascending they follow the input. Keys it does not read
--- (run_at, delay_s, hold, unique_opts) belong to awa.insert_jobs.
+-- (run_at, delay_s, hold, unique_opts) belong to awa.insert_jobs; expiry
+-- and retry policy as there.
 CREATE FUNCTION awa.insert_ready_jobs(p_jobs jsonb, p_batch_id bigint DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -721,16 +810,19 @@ BEGIN
     END IF;
     RETURN QUERY
     INSERT INTO awa.jobs_hot (kind, queue, args, state, priority, max_attempts, timeout_s,
-                              tags, metadata, lane, ordering_key, batch_id)
+                              tags, metadata, lane, ordering_key, batch_id, retry_policy, expires_at)
     SELECT x.kind, coalesce(x.queue, 'default'), coalesce(x.args, '{}'), 'available',
            coalesce(x.priority, 2), coalesce(x.max_attempts, 25), x.timeout_s,
            coalesce(x.tags, '{}'), coalesce(x.metadata, '{}'),
-           awa.lane_of(q.shards, x.ordering_key), x.ordering_key, p_batch_id
+           awa.lane_of(q.shards, x.ordering_key), x.ordering_key, p_batch_id,
+           CASE WHEN x.retry_policy IS NOT NULL THEN awa.check_retry_policy(x.retry_policy) END,
+           coalesce(x.expires_at, now() + make_interval(secs => x.expires_in_s))
       FROM ROWS FROM (jsonb_to_recordset(p_jobs) AS (
                kind text, args jsonb, queue text, priority integer, max_attempts integer,
-               timeout_s double precision, tags text[], metadata jsonb, ordering_key text))
+               timeout_s double precision, tags text[], metadata jsonb, ordering_key text,
+               expires_at timestamptz, expires_in_s double precision, retry_policy jsonb))
            WITH ORDINALITY AS x(kind, args, queue, priority, max_attempts, timeout_s, tags,
-                                metadata, ordering_key, ord)
+                                metadata, ordering_key, expires_at, expires_in_s, retry_policy, ord)
       LEFT JOIN awa.queues q ON q.name = coalesce(x.queue, 'default')
      ORDER BY x.ord
     RETURNING id;
@@ -742,18 +834,21 @@ END $$;
 -- Bulk enqueue of a uniform chunk: one kind, queue, priority, max_attempts,
 -- timeout, tags and metadata for every job, ready now, the array holding
 -- only the args objects (what a bulk producer sends nearly always; a traced
--- enqueue_many stamps one traceparent on all its jobs). Parameters instead
+-- enqueue_many stamps one traceparent on all its jobs; a task's retry
+-- policy and expiry are the same for all its jobs too). Parameters instead
 -- of a JSON object per job spare PostgreSQL parsing the same fields a
 -- thousand times per statement. Same rows, order and wake-up as
 -- insert_ready_jobs.
 CREATE FUNCTION awa.insert_uniform_jobs(
     p_kind text, p_queue text, p_priority integer, p_max_attempts integer,
     p_timeout_s double precision, p_args jsonb, p_batch_id bigint DEFAULT NULL,
-    p_tags text[] DEFAULT '{}', p_metadata jsonb DEFAULT '{}')
+    p_tags text[] DEFAULT '{}', p_metadata jsonb DEFAULT '{}',
+    p_expires_in_s double precision DEFAULT NULL, p_retry_policy jsonb DEFAULT NULL)
 RETURNS SETOF bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     v_shards smallint;
+    v_policy jsonb := awa.check_retry_policy(p_retry_policy);
 BEGIN
     IF p_batch_id IS NOT NULL THEN
         PERFORM awa.require_open_batch(p_batch_id);
@@ -761,9 +856,10 @@ BEGIN
     SELECT q.shards INTO v_shards FROM awa.queues q WHERE q.name = p_queue;
     RETURN QUERY
     INSERT INTO awa.jobs_hot (kind, queue, args, state, priority, max_attempts, timeout_s,
-                              tags, metadata, lane, batch_id)
+                              tags, metadata, lane, batch_id, retry_policy, expires_at)
     SELECT p_kind, p_queue, a.args, 'available', p_priority, p_max_attempts, p_timeout_s,
-           coalesce(p_tags, '{}'), coalesce(p_metadata, '{}'), awa.lane_of(v_shards, NULL), p_batch_id
+           coalesce(p_tags, '{}'), coalesce(p_metadata, '{}'), awa.lane_of(v_shards, NULL), p_batch_id,
+           v_policy, now() + make_interval(secs => p_expires_in_s)
       FROM jsonb_array_elements(p_args) WITH ORDINALITY AS a(args, ord)
      ORDER BY a.ord
     RETURNING id;
@@ -778,7 +874,7 @@ END $$;
 -- the job tables with one INSERT each (insert_jobs' defaults and lanes),
 -- notifies once per queue and empties the statement's part of the inbox.
 -- A row-level INSTEAD OF trigger would insert row by row: ~40 µs a row,
--- a sixth of the bulk paths' speed (migration 0027).
+-- a sixth of the bulk paths' speed (migration 0028).
 --
 -- Validation. unique_opts as awa.insert_job reads them: by_args and by_queue booleans,
 -- period a positive number of seconds, states a list of job states.
@@ -820,7 +916,8 @@ RETURNS text LANGUAGE sql STABLE AS $$
     SELECT CASE
         WHEN p_foreign_cols > 0 THEN
             'only kind, args, queue, priority, run_at, max_attempts, timeout_s, tags, metadata, '
-            'ordering_key and unique_opts can be given: awa_pool sets the other columns itself'
+            'ordering_key, retry_policy, expires_at and unique_opts can be given: awa_pool sets the '
+            'other columns itself'
         WHEN p_kind IS NULL OR p_kind = '' THEN 'kind is required (a non-empty text)'
         WHEN length(p_kind) > 200 THEN format('kind must be at most 200 characters, got %s', length(p_kind))
         WHEN p_queue = '' OR length(p_queue) > 200 THEN
@@ -862,7 +959,8 @@ BEGIN
     END IF;
     NEW.placed_id := awa.insert_job(NEW.kind, coalesce(NEW.args, '{}'), coalesce(NEW.queue, 'default'),
         coalesce(NEW.priority, 2), NEW.run_at, coalesce(NEW.max_attempts, 25), NEW.timeout_s,
-        coalesce(NEW.tags, '{}'), coalesce(NEW.metadata, '{}'), NEW.unique_opts, NEW.ordering_key);
+        coalesce(NEW.tags, '{}'), coalesce(NEW.metadata, '{}'), NEW.unique_opts, NEW.ordering_key,
+        NULL, false, NEW.expires_at, NEW.retry_policy);
     NEW.placed_state := awa.job_state_of(NEW.placed_id);
     RETURN NEW;
 END $$;
@@ -896,20 +994,22 @@ BEGIN
     -- one pass per table over the statement's rows (they have their ids:
     -- no sort, no materialized copy)
     INSERT INTO awa.jobs_hot (id, kind, queue, args, state, priority, run_at,
-        max_attempts, timeout_s, tags, metadata, lane, ordering_key)
+        max_attempts, timeout_s, tags, metadata, lane, ordering_key, retry_policy, expires_at)
     SELECT f.id, f.kind, coalesce(f.queue, 'default'), coalesce(f.args, '{}'), 'available',
            coalesce(f.priority, 2), coalesce(f.run_at, now()), coalesce(f.max_attempts, 25), f.timeout_s,
            coalesce(f.tags, '{}'), coalesce(f.metadata, '{}'), awa.lane_of(q.shards, f.ordering_key),
-           f.ordering_key
+           f.ordering_key, CASE WHEN f.retry_policy IS NOT NULL THEN awa.check_retry_policy(f.retry_policy) END,
+           f.expires_at
       FROM fresh f
       LEFT JOIN awa.queues q ON q.name = coalesce(f.queue, 'default')
      WHERE f.placed_id IS NULL AND (f.run_at IS NULL OR f.run_at <= now());
     INSERT INTO awa.jobs_deferred (id, kind, queue, args, state, priority, run_at,
-        max_attempts, timeout_s, tags, metadata, lane, ordering_key)
+        max_attempts, timeout_s, tags, metadata, lane, ordering_key, retry_policy, expires_at)
     SELECT f.id, f.kind, coalesce(f.queue, 'default'), coalesce(f.args, '{}'), 'scheduled',
            coalesce(f.priority, 2), f.run_at, coalesce(f.max_attempts, 25), f.timeout_s,
            coalesce(f.tags, '{}'), coalesce(f.metadata, '{}'), awa.lane_of(q.shards, f.ordering_key),
-           f.ordering_key
+           f.ordering_key, CASE WHEN f.retry_policy IS NOT NULL THEN awa.check_retry_policy(f.retry_policy) END,
+           f.expires_at
       FROM fresh f
       LEFT JOIN awa.queues q ON q.name = coalesce(f.queue, 'default')
      WHERE f.placed_id IS NULL AND f.run_at > now();
@@ -931,9 +1031,10 @@ CREATE TRIGGER jobs_inbox_place AFTER INSERT ON awa.jobs_inbox
 -- defaults; the columns a new job does not have yet are NULL.
 CREATE RULE jobs_insert AS ON INSERT TO awa.jobs DO INSTEAD
     INSERT INTO awa.jobs_inbox (kind, args, queue, priority, run_at, max_attempts, timeout_s,
-                                tags, metadata, ordering_key, unique_opts, foreign_cols)
+                                tags, metadata, ordering_key, retry_policy, expires_at, unique_opts,
+                                foreign_cols)
     VALUES (NEW.kind, NEW.args, NEW.queue, NEW.priority, NEW.run_at, NEW.max_attempts, NEW.timeout_s,
-            NEW.tags, NEW.metadata, NEW.ordering_key, NEW.unique_opts,
+            NEW.tags, NEW.metadata, NEW.ordering_key, NEW.retry_policy, NEW.expires_at, NEW.unique_opts,
             num_nonnulls(NEW.id, NEW.state, NEW.created_at, NEW.attempt, NEW.lease, NEW.unique_key,
                          NEW.lane, NEW.batch_id, NEW.supervisor_id, NEW.attempted_at, NEW.deadline,
                          NEW.finalized_at, NEW.crashes, NEW.errors, NEW.attempt_log, NEW.wall_s,
@@ -949,7 +1050,8 @@ CREATE RULE jobs_insert AS ON INSERT TO awa.jobs DO INSTEAD
         NULL::bytea, NULL::smallint, jobs_inbox.ordering_key, NULL::bigint, NULL::bigint,
         NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::integer, NULL::jsonb,
         NULL::jsonb, NULL::real, NULL::real, NULL::bigint, NULL::jsonb, NULL::jsonb, NULL::uuid,
-        NULL::timestamptz, NULL::jsonb, NULL::boolean, NULL::smallint, jobs_inbox.unique_opts;
+        NULL::timestamptz, NULL::jsonb, NULL::boolean, NULL::smallint, jobs_inbox.retry_policy,
+        jobs_inbox.expires_at, jobs_inbox.unique_opts;
 
 
 -- ===========================================================================
@@ -978,19 +1080,55 @@ LANGUAGE sql VOLATILE AS $$
     SELECT least(86400.0, power(2.0, least(greatest(attempt, 0), 30)) * (1.0 + 0.25 * random()))
 $$;
 
--- Insert one job row into the table its state belongs to.
+-- A number from a retry policy (p_default when absent or not a number),
+-- kept within [p_low, p_high].
+CREATE FUNCTION awa.policy_number(p_policy jsonb, p_key text, p_default double precision,
+                                  p_low double precision, p_high double precision)
+RETURNS double precision LANGUAGE sql IMMUTABLE AS $$
+    SELECT least(greatest(CASE WHEN jsonb_typeof(p_policy -> p_key) = 'number'
+                               THEN (p_policy ->> p_key)::double precision ELSE p_default END,
+                          p_low), p_high)
+$$;
+
+-- Backoff after attempt n under a job's retry policy (NULL: the one
+-- above): base^n (exponential), base * n (linear) or base (constant)
+-- seconds, plus up to jitter of it at random, at most max_delay. Never
+-- raises: a row settles whatever its policy holds (a value out of range is
+-- clamped; awa.check_retry_policy refused such values at enqueue). One
+-- expression, so the planner inlines it (0.1 us a call, not 10 us); the
+-- exponent stops one past where base^n reaches max_delay, so it never
+-- overflows.
+CREATE FUNCTION awa.backoff_s(attempt integer, policy jsonb) RETURNS double precision
+LANGUAGE sql VOLATILE AS $$
+    SELECT CASE WHEN policy IS NULL THEN awa.backoff_s(attempt) ELSE least(
+        awa.policy_number(policy, 'max_delay', 86400, 0.001, 31622400),
+        (CASE coalesce(policy ->> 'backoff', 'exponential')
+            WHEN 'constant' THEN awa.policy_number(policy, 'base', 2, 0, 31622400)
+            WHEN 'linear' THEN awa.policy_number(policy, 'base', 2, 0, 31622400) * greatest(attempt, 1)
+            ELSE power(awa.policy_number(policy, 'base', 2, 1, 31622400), least(greatest(attempt, 0),
+                       floor(ln(awa.policy_number(policy, 'max_delay', 86400, 0.001, 31622400))
+                             / nullif(ln(awa.policy_number(policy, 'base', 2, 1, 31622400)), 0)) + 1))
+         END) * (1.0 + awa.policy_number(policy, 'jitter', 0.25, 0, 1) * random()))
+    END
+$$;
+
+-- Insert one job row into the table its state belongs to (only a terminal
+-- row has a ring segment).
 CREATE FUNCTION awa.put_job(j awa.jobs_hot) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
     IF j.state IN ('available', 'running') THEN
+        j.segment := NULL;
         INSERT INTO awa.jobs_hot SELECT (j).*;
         IF j.state = 'available' THEN
             PERFORM pg_notify('awa_jobs', j.queue);
         END IF;
     ELSIF j.state IN ('scheduled', 'retryable', 'waiting_external') THEN
+        j.segment := NULL;
         INSERT INTO awa.jobs_deferred SELECT (j).*;
     ELSE
-        INSERT INTO awa.jobs_done SELECT (j).*, (SELECT r.current FROM awa.done_ring r);
+        j.segment := (SELECT r.current FROM awa.done_ring r);
+        INSERT INTO awa.jobs_done SELECT (j).*;
     END IF;
 END $$;
 
@@ -1007,13 +1145,7 @@ BEGIN
     IF FOUND THEN RETURN j; END IF;
     IF p_states && ARRAY['completed', 'failed', 'cancelled']::awa.job_state[] THEN
         DELETE FROM awa.jobs_done x WHERE x.id = p_id AND x.state = ANY (p_states)
-        RETURNING x.id, x.kind, x.queue, x.args, x.state, x.priority, x.run_at, x.created_at,
-                  x.attempt, x.max_attempts, x.lease, x.timeout_s, x.tags, x.metadata,
-                  x.unique_key, x.lane, x.ordering_key, x.batch_id, x.supervisor_id,
-                  x.attempted_at, x.deadline, x.finalized_at, x.crashes, x.errors,
-                  x.attempt_log, x.wall_s, x.cpu_s, x.peak_rss, x.progress, x.result,
-                  x.callback_id, x.callback_timeout_at, x.callback_result, x.dead_lettered
-        INTO j;
+        RETURNING x.* INTO j;
         IF FOUND THEN RETURN j; END IF;
     END IF;
     RETURN NULL;
@@ -1054,7 +1186,9 @@ END $$;
 -- yield nothing; rate-limited queues take tokens from the shared bucket
 -- first. The deadline is built from the job's own timeout, else its task's
 -- (awa.task_defaults), and the timeout returned is read off that deadline:
--- the supervisor enforces the value the database backstops.
+-- the supervisor enforces the value the database backstops. A job past its
+-- expires_at is skipped, so it never starts even before the leader's next
+-- awa.expire_jobs cancels it.
 CREATE FUNCTION awa.claim(
     p_queue text, p_limit integer, p_supervisor bigint,
     p_aging_s double precision DEFAULT 60, p_lane smallint DEFAULT 0, p_lease bigint DEFAULT NULL,
@@ -1100,6 +1234,8 @@ BEGIN
                           FROM awa.jobs_hot h
                          WHERE h.state = 'available' AND h.queue = p_queue
                            AND h.lane = p_lane AND h.priority = lvl.p
+                           -- an expired job never starts (awa.expire_jobs cancels it)
+                           AND (h.expires_at IS NULL OR h.expires_at > now())
                            -- past the caller's cursor at this level (none: from the start)
                            AND (h.run_at, h.id) > (coalesce(to_timestamp(p_after_run_at[lvl.p]),
                                                             TIMESTAMPTZ '-infinity'),
@@ -1238,8 +1374,10 @@ END $$;
 --   timeout, retry, lost (supervisor gone), deadline (rescued past its
 --   deadline), callback_timeout.
 -- A failure retries with backoff until max_attempts, then fails (dead-letter
--- when the queue has it). A job that crashed its child p_max_crashes times
--- fails as poison. The one place that decides where a job goes next.
+-- when the queue has it); the backoff follows the job's retry policy unless
+-- the outcome names its own delay (a handler's Retry(delay=...)). A job that
+-- crashed its child p_max_crashes times fails as poison. The one place that
+-- decides where a job goes next, and so the ring segment of a terminal row.
 CREATE FUNCTION awa.apply_outcome(
     j awa.jobs_hot, p_outcome text, p_error text DEFAULT NULL,
     p_traceback text DEFAULT NULL, p_delay_s double precision DEFAULT NULL,
@@ -1320,7 +1458,7 @@ BEGIN
     END IF;
     j.state := v_next;
     IF v_next = 'retryable' THEN
-        j.run_at := now() + make_interval(secs => coalesce(p_delay_s, awa.backoff_s(j.attempt)));
+        j.run_at := now() + make_interval(secs => coalesce(p_delay_s, awa.backoff_s(j.attempt, j.retry_policy)));
     ELSIF v_next = 'scheduled' THEN
         j.run_at := now() + make_interval(secs => p_delay_s);
     ELSIF v_next = 'available' AND p_outcome <> 'lost' THEN
@@ -1328,9 +1466,12 @@ BEGIN
     END IF;
     IF v_next IN ('completed', 'failed', 'cancelled') THEN
         j.finalized_at := now();
+        j.segment := (SELECT r.current FROM awa.done_ring r);
         IF v_next = 'failed' THEN
             j.dead_lettered := coalesce((SELECT q.dlq FROM awa.queues q WHERE q.name = j.queue), false);
         END IF;
+    ELSE
+        j.segment := NULL;
     END IF;
     RETURN j;
 END $$;
@@ -1404,9 +1545,8 @@ BEGIN
     PERFORM pg_notify('awa_jobs', q.queue)
        FROM (SELECT DISTINCT r.queue FROM unnest(v_rows) r WHERE r.state = 'available') q;
     IF EXISTS (SELECT 1 FROM unnest(v_rows) r WHERE r.state IN ('completed', 'failed', 'cancelled')) THEN
-        INSERT INTO awa.jobs_done
-        SELECT r.*, (SELECT d.current FROM awa.done_ring d)
-          FROM unnest(v_rows) r WHERE r.state IN ('completed', 'failed', 'cancelled');
+        INSERT INTO awa.jobs_done  -- apply_outcome set each terminal row's segment
+        SELECT r.* FROM unnest(v_rows) r WHERE r.state IN ('completed', 'failed', 'cancelled');
     END IF;
 
     RETURN QUERY SELECT r.id, r.state FROM unnest(v_rows) r;
@@ -1856,6 +1996,44 @@ BEGIN
     END LOOP;
 END $$;
 
+-- Leader: jobs whose expires_at passed before they started (available,
+-- scheduled or waiting for a retry) are cancelled with reason "expired".
+-- They never run meanwhile: awa.claim skips them. At most p_limit of each
+-- table per call; returns how many of each queue and kind it cancelled.
+CREATE FUNCTION awa.expire_jobs(p_limit integer DEFAULT 1000)
+RETURNS TABLE (queue text, kind text, jobs bigint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_rows awa.jobs_hot[];
+BEGIN
+    WITH hot AS (
+        DELETE FROM awa.jobs_hot h
+         WHERE h.id = ANY (ARRAY(SELECT x.id FROM awa.jobs_hot x
+                                  WHERE x.state = 'available' AND x.expires_at <= now()
+                                  ORDER BY x.expires_at LIMIT p_limit
+                                  FOR UPDATE SKIP LOCKED))
+           AND h.state = 'available'
+        RETURNING awa.apply_outcome(h, 'cancel', 'expired') AS j
+    ),
+    deferred AS (
+        DELETE FROM awa.jobs_deferred d
+         WHERE d.id = ANY (ARRAY(SELECT x.id FROM awa.jobs_deferred x
+                                  WHERE x.state IN ('scheduled', 'retryable') AND x.expires_at <= now()
+                                  ORDER BY x.expires_at LIMIT p_limit
+                                  FOR UPDATE SKIP LOCKED))
+           AND d.state IN ('scheduled', 'retryable')
+        RETURNING awa.apply_outcome(ROW(d.*)::awa.jobs_hot, 'cancel', 'expired') AS j
+    )
+    SELECT array_agg(t.j) INTO v_rows
+      FROM (SELECT hot.j FROM hot UNION ALL SELECT deferred.j FROM deferred) t;
+    IF v_rows IS NULL THEN
+        RETURN;
+    END IF;
+    INSERT INTO awa.jobs_done SELECT r.* FROM unnest(v_rows) r;
+    RETURN QUERY SELECT r.queue, r.kind, count(*) FROM unnest(v_rows) r GROUP BY 1, 2 ORDER BY 1, 2;
+END $$;
+
 
 -- ===========================================================================
 -- 6. Leader maintenance: promotion, rescue, retention, cron
@@ -1888,13 +2066,13 @@ BEGIN
             ordering_key, batch_id, supervisor_id, attempted_at, deadline,
             finalized_at, crashes, errors, attempt_log, wall_s, cpu_s, peak_rss,
             progress, result, callback_id, callback_timeout_at, callback_result,
-            dead_lettered)
+            dead_lettered, retry_policy, expires_at)
         SELECT id, kind, queue, args, 'available', priority, run_at, created_at, attempt,
                max_attempts, lease, timeout_s, tags, metadata, unique_key, lane,
                ordering_key, batch_id, supervisor_id, attempted_at, NULL,
                NULL, crashes, errors, attempt_log, wall_s, cpu_s, peak_rss,
                progress, result, callback_id, callback_timeout_at, callback_result,
-               dead_lettered
+               dead_lettered, retry_policy, expires_at
           FROM moved
         RETURNING queue
     )
@@ -1906,8 +2084,11 @@ END $$;
 -- Running jobs whose supervisor stopped heartbeating (or stopped without
 -- settling them) go back to available (or fail when out of attempts). The
 -- lease is untouched: the next claim bumps it, so the old owner's late
--- writes match nothing.
-CREATE FUNCTION awa.rescue_lost(p_stale_s double precision, p_limit integer DEFAULT 500)
+-- writes match nothing. Staleness counts from the server's start at the
+-- latest: after a restart no supervisor could heartbeat while the server
+-- was down (migration 0026). The leader spares its own supervisor
+-- (p_spare): it lives in the same process.
+CREATE FUNCTION awa.rescue_lost(p_stale_s double precision, p_limit integer, p_spare bigint)
 RETURNS TABLE (job_id bigint, new_state awa.job_state)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -1918,8 +2099,10 @@ BEGIN
           FROM awa.jobs_hot h
           LEFT JOIN awa.supervisors s ON s.id = h.supervisor_id
          WHERE h.state = 'running'
+           AND h.supervisor_id IS DISTINCT FROM p_spare
            AND (s.id IS NULL OR s.stopped_at IS NOT NULL
-                OR s.heartbeat_at < now() - make_interval(secs => p_stale_s))
+                OR greatest(s.heartbeat_at, pg_postmaster_start_time())
+                   < now() - make_interval(secs => p_stale_s))
          LIMIT p_limit
          FOR UPDATE OF h SKIP LOCKED
     LOOP
@@ -1959,7 +2142,9 @@ BEGIN
 END $$;
 
 -- Backstop for a supervisor that is alive but failed to stop a job at its
--- timeout: rescue attempts more than p_grace_s past their deadline.
+-- timeout: rescue attempts more than p_grace_s past their deadline (and
+-- more than p_grace_s after the server's start: an outcome that could not
+-- be written while the server was down gets the whole grace).
 CREATE FUNCTION awa.rescue_deadlines(p_grace_s double precision, p_limit integer DEFAULT 500)
 RETURNS TABLE (job_id bigint, new_state awa.job_state)
 LANGUAGE plpgsql AS $$
@@ -1969,6 +2154,7 @@ BEGIN
     FOR r IN
         SELECT h.id, h.lease FROM awa.jobs_hot h
          WHERE h.state = 'running' AND h.deadline < now() - make_interval(secs => p_grace_s)
+           AND pg_postmaster_start_time() < now() - make_interval(secs => p_grace_s)
          LIMIT p_limit
          FOR UPDATE SKIP LOCKED
     LOOP
@@ -2251,7 +2437,8 @@ BEGIN
     RETURN j.state;
 END $$;
 
--- Run a job again now: failed or cancelled jobs get fresh attempts;
+-- Run a job again now: failed or cancelled jobs get fresh attempts (and
+-- lose their expiry);
 -- scheduled and retryable jobs just stop waiting; a batch follow-up stays
 -- held while its batch is not done. Returns the new state, or the current
 -- one when there is nothing to retry (NULL for an unknown id).
@@ -2269,6 +2456,7 @@ BEGIN
         j.crashes := 0;
         j.finalized_at := NULL;
         j.dead_lettered := false;
+        j.expires_at := NULL;  -- an operator asks for it to run: an old expiry does not apply
         IF j.batch_id IS NOT NULL THEN  -- it will report to its batch again
             UPDATE awa.batches SET remaining = remaining + 1 WHERE id = j.batch_id AND remaining > 0;
         END IF;
@@ -2539,7 +2727,14 @@ $$;
 -- finished in the last p_since_s seconds (the counts in whole minutes: a
 -- job's earlier attempts count in the minute it finished). Nothing here
 -- reads all of history. Custom plans: the window and sample are constants
--- to the planner, so each kind's rows are one index range.
+-- to the planner, so each kind's rows are one index range. No sort
+-- and no sequential scan (migration 0027): each kind's latest jobs are read
+-- backwards from the (kind, finalized_at) index, and the earlier attempts
+-- of live jobs from the partial indexes of the rows that have any, whatever
+-- the planner's statistics say. Right after a burst of finishes, before
+-- ANALYZE had seen them, it took a kind's 150,000 rows into a sort and
+-- scanned the hot table the burst left large (190 ms after draining
+-- 300,000 jobs).
 -- sampled: how many finished jobs the figures read for the kind.
 CREATE FUNCTION awa.kind_stats(p_kind text, p_since_s double precision, p_sample integer)
 RETURNS TABLE (kind text, runs bigint, completed bigint, failures bigint, crashes bigint,
@@ -2547,7 +2742,8 @@ RETURNS TABLE (kind text, runs bigint, completed bigint, failures bigint, crashe
                cpu_p50 double precision, cpu_p95 double precision, rss_p50 double precision,
                rss_p95 double precision, rss_max double precision, last_finished_at timestamptz,
                sampled bigint)
-LANGUAGE plpgsql STABLE SET jit = off SET plan_cache_mode = force_custom_plan AS $$
+LANGUAGE plpgsql STABLE SET jit = off SET plan_cache_mode = force_custom_plan SET enable_sort = off
+SET enable_seqscan = off AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
@@ -2730,10 +2926,10 @@ BEGIN
     PERFORM awa.require_role(p_role);
     EXECUTE format('GRANT USAGE ON SCHEMA awa TO %I', p_role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION awa.insert_job(text, jsonb, text, integer, timestamptz, '
-                   'integer, double precision, text[], jsonb, jsonb, text, bigint, boolean), '
-                   'awa.insert_jobs(jsonb, bigint), awa.insert_ready_jobs(jsonb, bigint), '
+                   'integer, double precision, text[], jsonb, jsonb, text, bigint, boolean, timestamptz, '
+                   'jsonb), awa.insert_jobs(jsonb, bigint), awa.insert_ready_jobs(jsonb, bigint), '
                    'awa.insert_uniform_jobs(text, text, integer, integer, double precision, jsonb, bigint, '
-                   'text[], jsonb) TO %I', p_role);
+                   'text[], jsonb, double precision, jsonb) TO %I', p_role);
     -- the guard on awa.batches asks this on the producer's behalf
     EXECUTE format('GRANT EXECUTE ON FUNCTION awa.is_follow_up(bigint, bigint) TO %I', p_role);
     -- the CLI checks the schema version before acting
@@ -2743,7 +2939,8 @@ BEGIN
     EXECUTE format('GRANT USAGE ON SEQUENCE awa.batches_id_seq TO %I', p_role);
     -- INSERT INTO awa.jobs ... RETURNING id
     EXECUTE format('GRANT INSERT (kind, args, queue, priority, run_at, max_attempts, timeout_s, tags, '
-                   'metadata, ordering_key, unique_opts), SELECT (id) ON awa.jobs TO %I', p_role);
+                   'metadata, ordering_key, retry_policy, expires_at, unique_opts), SELECT (id) '
+                   'ON awa.jobs TO %I', p_role);
     EXECUTE format('GRANT USAGE ON SEQUENCE awa.job_id_seq TO %I', p_role);
 END $$;
 
@@ -2831,5 +3028,6 @@ INSERT INTO awa.schema_migrations (version, name) VALUES
     (23, 'light_first_completion_counts'),
     (24, 'uniform_bulk_tags_metadata'),
     (25, 'flat_queue_reads'),
-    (26, 'reserved_for_core_work'),   -- a placeholder (see its file): drop with it
-    (27, 'insert_into_jobs');
+    (26, 'rescue_spares_live_supervisors'),
+    (27, 'retry_policy_and_expiry'),
+    (28, 'insert_into_jobs');

@@ -118,8 +118,6 @@ class Observer(threading.Thread):
 def session_name(query: str) -> str:
     """Which of a supervisor's sessions this is, judged by its last query."""
     text = query.lstrip()
-    if text.startswith("LISTEN awa_urgent"):
-        return "urgent lane"
     if text.startswith("LISTEN"):
         return "notifier"
     if "complete_jobs" in text or "settle_jobs" in text or "write_progress" in text or text.startswith("SET synchronous"):

@@ -27,7 +27,7 @@ import psycopg2.extensions
 from scriptdb import create_database, drop_database, with_database
 
 RUN_ENV = "AWA_CHAOS_RUN"           # marks every process of one run, to find leftovers
-POOL_APP_NAME = "awa-pool"          # application_name of every supervisor connection (awa_pool.core.db)
+POOL_APP_NAME = "awa-pool%"         # application_name of every supervisor connection ("awa-pool/<id> <role>", awa_pool.core.db)
 CHAOS_APP_NAME = "awa-chaos"
 
 
@@ -420,7 +420,7 @@ def backends_by_supervisor(cur: Any, fleet: Fleet, server_port: int) -> Dict[int
     matched through the client port of each TCP connection and the socket
     inodes the supervisor process holds."""
     cur.execute("SELECT pid, client_port, coalesce(query, '') FROM pg_stat_activity "
-                "WHERE datname = current_database() AND application_name = %s AND client_port > 0",
+                "WHERE datname = current_database() AND application_name LIKE %s AND client_port > 0",
                 (POOL_APP_NAME,))
     sessions = cur.fetchall()
     inodes = client_port_inodes(server_port)

@@ -10,6 +10,11 @@ suite has always used.
 from __future__ import annotations
 
 import os
+
+# Every supervisor of the suite (in this process or a subprocess) refuses a
+# write to its scheduling state from any thread but its loop's (SPEC §7,
+# awa_pool/worker/ownership.py); set before the worker modules are imported.
+os.environ["AWA_POOL_CHECK_OWNER"] = "1"
 import signal
 import subprocess
 import sys
@@ -143,26 +148,29 @@ def pools(processes: Processes, dsn: str, tmp_path: Path) -> Pools:
 
 @pytest.fixture
 def loopless_supervisor(dsn: str):
-    """A supervisor's parts without its loop (session, completer; children
-    are spawned by the test) serving apps.gates. The test plays the loop, so
-    it decides when jobs go out and messages come in."""
+    """A supervisor started but not running (its session, LISTEN and
+    completer; children are spawned by the test) serving apps.gates: its
+    step() reads pipes and notifications, reaps children and enforces
+    deadlines, but claims and hands out nothing, so the test decides when
+    jobs go out."""
     from awa_pool.core.config import PoolConfig
     from awa_pool.supervisor import Supervisor
     from awa_pool.core.tasks import import_app
 
+    from awa_pool.worker.registration import served_queues
+
     import_app("apps.gates")
     sup = Supervisor(PoolConfig(dsn=dsn, workers=1, app="apps.gates", leader=False))
-    sup.queues = sup._served_queues()
+    sup.queues = served_queues(sup.config.queues)
     sup._start_session()
+    sup._watch_notifier()
     sup.completer.start()
     try:
         yield sup
     finally:
-        if sup.lane is not None:
-            sup.lane.stop()
         sup.completer.stop()
         sup.children.kill_all()
         for child in sup.children.all():
             child.process.join(timeout=5)
         sup.session.close()
-        sup.selector.close()
+        sup.events.close()

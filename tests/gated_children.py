@@ -1,18 +1,24 @@
 """Children of a loopless supervisor running apps.gates jobs: the test
 decides when each job may finish (its gate file) and reads the order they
-started in (test_overtake, test_hand_over)."""
+started in (test_overtake, test_take_back_pairing). The supervisor is
+started but not running, so its step() reads the children's pipes, reaps
+them and enforces their deadlines without claiming or handing out: the
+test does that."""
 from __future__ import annotations
 
+import time
+
 from awa_pool import Job
-from awa_pool.worker import fetcher
 from awa_pool.supervisor import Supervisor
 from helpers import enqueue_jobs, wait_for
 
 
 def _claim(sup: Supervisor, limit: int):
-    return sup.session.run(lambda cur: fetcher.claim(
-        cur, queue="gates", limit=limit, supervisor_id=sup.supervisor_id, aging_s=60.0,
-        lease=sup.claimer._next_lease()))
+    return sup.claimer.claim("gates", limit, time.monotonic())
+
+
+def _urgency(sup: Supervisor):
+    return sup.claimer.urgency("gates", time.time())
 
 
 class _Gates:
@@ -34,9 +40,10 @@ class _Gates:
 
 def _ready_child(sup: Supervisor):
     child = sup.children.spawn(0)
+    sup.events.watch_child(child)   # as the loop does for the children it forks
 
     def pump():
-        sup._on_child_readable(child)  # what the loop does when the child's pipe is readable
+        sup.step(0.01)  # one turn of the loop: the child's messages are read
         return True
 
     wait_for(lambda: pump() and child.ready, timeout=30, message="the child to say it is ready")
@@ -49,6 +56,6 @@ def _running_a_then_two(sup: Supervisor, gates: _Gates, dsn: str, priority: int)
     ids = enqueue_jobs(dsn, [gates.job(held=True, priority=priority), gates.job(priority=priority),
                              gates.job(priority=priority)])
     child, pump = _ready_child(sup)
-    sup.children.assign(child, "gates", _claim(sup, 3), sup.claimer._urgency("gates"))
+    sup.children.assign(child, "gates", _claim(sup, 3), _urgency(sup))
     wait_for(lambda: pump() and child.running_job()[0] == ids[0], timeout=30, message="job A to start")
     return child, pump, tuple(ids)

@@ -145,3 +145,23 @@ def start_idle_supervisors(pools: Any, count: int, *args: str, app: str = "apps.
                                        " AND (stats->>'idle')::int = %s", (workers,)) == count,
              timeout=30, message=f"{count} supervisors with idle children")
     return procs
+
+
+def let_polls_go_by(dsn: str, heartbeats: int = 2, timeout: float = 30.0) -> None:
+    """Wait until every live supervisor has heartbeated `heartbeats` more
+    times (every 2 s; it polls for work every second): for tests that show
+    something does NOT happen while supervisors poll, an event to wait for
+    instead of a fixed sleep."""
+    def beats() -> dict:
+        return dict(query(dsn, "SELECT id, heartbeat_at FROM awa.supervisors WHERE stopped_at IS NULL"))
+
+    seen = {sup: [at] for sup, at in beats().items()}
+    assert seen, "no live supervisor to wait for"
+
+    def enough() -> bool:
+        for sup, at in beats().items():
+            if sup in seen and at != seen[sup][-1]:
+                seen[sup].append(at)
+        return all(len(ats) > heartbeats for ats in seen.values())
+
+    wait_for(enough, timeout=timeout, interval=0.1, message=f"{heartbeats} heartbeats of every supervisor")

@@ -54,14 +54,15 @@ def _started(c, job_id: int, attempt: int) -> float:
     return 0.0
 
 
-# The leader's session ran a statement this long after the holder's LISTEN
-# session started (its liveness lock is taken there, at start): the leader
-# looks at the locks every 0.25 s, so it has seen this one held.
+# The leader's session ran a statement this long after the later of the
+# holder's two sessions that take its liveness lock (LISTEN and leader
+# thread) started: the leader looks at the locks every 0.25 s, so it has
+# seen this one held.
 _LEADER_HAS_LOOKED = f"""
     SELECT (SELECT a.state_change FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
              WHERE l.locktype = 'advisory' AND l.granted AND l.classid = {LOCK_CLASS}
                AND l.objid = {LOCK_LEADER} AND l.objsubid = 2)
-         > (SELECT a.backend_start FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+         > (SELECT max(a.backend_start) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
              WHERE l.locktype = 'advisory' AND l.granted AND l.classid = {LOCK_CLASS_LIVENESS}
                AND l.objid = %s AND l.objsubid = 2) + interval '1 second'"""
 

@@ -19,6 +19,7 @@ from awa_pool import Job, enqueue_many
 from awa_pool.worker.claimer import LOOK_FROM_START_EVERY_S, Claimer
 from awa_pool.core.config import PoolConfig, QueueConfig
 from awa_pool.worker.fetcher import advance, claim
+from awa_pool.worker.placement import JobTimes
 from helpers import connection, query, scalar
 
 Q = "cursor"
@@ -42,8 +43,8 @@ def _claimer(conn: Any, supervisor_id: int) -> Claimer:
         with conn.cursor() as cur:
             return fn(cur)
 
-    claimer = Claimer(PoolConfig(dsn="postgresql://unused"), children=None, db=db,
-                      connected=lambda: True, on_claimed=lambda queue, rows: None)
+    claimer = Claimer(PoolConfig(dsn="postgresql://unused"), JobTimes(), db=db,
+                      on_claimed=lambda queue, rows: None)
     claimer.start({Q: QueueConfig(aging=0)}, supervisor_id)
     return claimer
 
@@ -56,7 +57,7 @@ def _cursor_then_a_late_job(dsn: str, conn: Any, backlog: int) -> "tuple[Claimer
         producer.commit()
     claimer = _claimer(conn, _supervisor(conn))
     now = time.monotonic()
-    assert len(claimer._claim(Q, 10, now)) == 10
+    assert len(claimer.claim(Q, 10, now)) == 10
     with connection(dsn) as producer:
         late = enqueue_many(producer, [Job("noop", {"late": True}, queue=Q,
                                            run_at=datetime.now(timezone.utc) - timedelta(hours=1))])[0]
@@ -127,7 +128,7 @@ def test_claims_with_a_cursor_take_the_jobs_in_the_order_a_claim_from_the_start_
     taken: List[int] = []
     now = time.monotonic()
     while True:
-        got = claimer._claim(Q, 7, now)   # one clock reading: every claim after the first uses the cursor
+        got = claimer.claim(Q, 7, now)   # one clock reading: every claim after the first uses the cursor
         taken.extend(job.id for job in got)
         if len(got) < 7:
             break
@@ -138,8 +139,8 @@ def test_a_job_made_available_behind_the_cursor_is_claimed_by_the_next_look_from
         dsn: str, auto_conn: Any) -> None:
     claimer, now, late = _cursor_then_a_late_job(dsn, auto_conn, backlog=200)
 
-    assert late not in [job.id for job in claimer._claim(Q, 10, now + 0.01)]   # behind the cursor
-    looked = claimer._claim(Q, 10, now + LOOK_FROM_START_EVERY_S)
+    assert late not in [job.id for job in claimer.claim(Q, 10, now + 0.01)]   # behind the cursor
+    looked = claimer.claim(Q, 10, now + LOOK_FROM_START_EVERY_S)
     assert looked[0].id == late
 
 
@@ -147,7 +148,7 @@ def test_a_claim_past_the_cursor_that_comes_back_short_looks_again_from_the_star
         dsn: str, auto_conn: Any) -> None:
     claimer, now, late = _cursor_then_a_late_job(dsn, auto_conn, backlog=20)
 
-    rest = claimer._claim(Q, 50, now + 0.01)
+    rest = claimer.claim(Q, 50, now + 0.01)
     assert len(rest) == 11 and late in [job.id for job in rest]
     assert scalar(dsn, "SELECT count(*) FROM awa.jobs_hot WHERE queue = %s AND state = 'available'", (Q,)) == 0
     assert (Q, 0) not in claimer.cursors   # the backlog is gone: claims look from the start again

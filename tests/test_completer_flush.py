@@ -10,6 +10,7 @@ import awa_pool
 from awa_pool import Job
 from awa_pool.worker import fetcher
 from awa_pool.worker.completer import BackgroundCompleter, Completer
+from awa_pool.worker.flush_policy import FlushPolicy
 from awa_pool.worker.protocol import Outcome
 from helpers import query, wait_for
 
@@ -83,8 +84,8 @@ def background(dsn: str, gap_s: float) -> BackgroundCompleter:
     """A started BackgroundCompleter that believes outcomes arrive every
     gap_s, with a company window far longer than any test waits."""
     completer = BackgroundCompleter(dsn, max_crashes=3)
-    completer.MAX_COALESCE_S = 60.0
-    completer.gap_s = gap_s
+    completer.policy.MAX_COALESCE_S = 60.0
+    completer.policy.gap_s = gap_s
     completer.start()
     return completer
 
@@ -124,8 +125,10 @@ def test_big_results_go_in_bounded_statements_and_hold_claiming_back(auto, dsn, 
     PENDING_BYTES_CAP of them wait, over_budget() is true; on_relief() is
     called once they are written."""
     import awa_pool.worker.completer as completer_module
+    import awa_pool.worker.outcome_buffer as buffer_module
 
-    monkeypatch.setattr(completer_module, "FLUSH_BYTES", 2_500_000)
+    monkeypatch.setattr(buffer_module, "FLUSH_BYTES", 2_500_000)
+    monkeypatch.setattr(buffer_module, "PENDING_BYTES_CAP", 3_000_000)
     monkeypatch.setattr(completer_module, "PENDING_BYTES_CAP", 3_000_000)
     leases = running_jobs(auto, 5)
     blob = '{"blob": "%s"}' % ("x" * 1_000_000)
@@ -156,14 +159,10 @@ def test_big_results_go_in_bounded_statements_and_hold_claiming_back(auto, dsn, 
 def company_window(gap_s: float, arrivals: List[float], more_coming: bool = True) -> float:
     """The company window of a buffer whose outcomes arrived at these
     offsets (seconds after the first), at an average gap of gap_s."""
-    completer = BackgroundCompleter("postgresql:///unused", max_crashes=3)  # never started
-    for job_id, offset in enumerate(arrivals, 1):
-        completer.buffer.add(Outcome(job_id, 1, "completed"))
-    completer.buffer.first_pending_at = 100.0
-    completer.last_add_at = 100.0 + arrivals[-1]
-    completer.gap_s = gap_s
-    completer.more_coming = more_coming
-    return completer._company_window()
+    policy = FlushPolicy()
+    policy.arrived(100.0 + arrivals[-1], more_coming)
+    policy.gap_s = gap_s
+    return policy.window(pending=len(arrivals))
 
 
 def test_the_company_window_waits_max_coalesce_for_company_and_a_claim() -> None:
@@ -171,7 +170,7 @@ def test_the_company_window_waits_max_coalesce_for_company_and_a_claim() -> None
     waits MAX_COALESCE_S from its first outcome, for more and for a refill
     claim to carry them; never when nothing more is coming or outcomes come
     further apart than MAX_COALESCE_S."""
-    max_s = BackgroundCompleter.MAX_COALESCE_S
+    max_s = FlushPolicy.MAX_COALESCE_S
     assert max_s == 0.05
     assert company_window(0.0225, [0.0]) == max_s
     assert company_window(0.0225, [0.0, 0.0225]) == max_s
@@ -213,8 +212,8 @@ def test_a_claim_that_fails_writes_none_of_its_riders_and_gives_them_back(auto, 
     completer writes them at once, without waiting for company."""
     leases = running_jobs(auto, 2)
     completer = BackgroundCompleter(dsn, max_crashes=3)
-    completer.MAX_COALESCE_S = 60.0
-    completer.gap_s = 20.0
+    completer.policy.MAX_COALESCE_S = 60.0
+    completer.policy.gap_s = 20.0
     completer.add([Outcome(job_id, lease, "completed") for job_id, lease in leases.items()], more_coming=True)
     loan = completer.lend()
     assert len(loan) == 2

@@ -11,7 +11,6 @@ or chromedriver is not installed (apt install chromium chromium-driver).
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 from typing import Iterator
 
@@ -24,7 +23,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 import awa_pool
 from dashboard_helpers import enqueue, start_dashboard
-from helpers import scalar, wait_for
+from helpers import let_polls_go_by, scalar, wait_for
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -127,8 +126,9 @@ def test_an_operator_retries_a_failed_job_and_pauses_a_queue(dsn, pools, process
     refreshed_before = browser.find_element(By.ID, "live").get_attribute("data-refreshed")
     wait.until(available_shown)
     assert browser.find_element(By.ID, "live").get_attribute("data-refreshed") != refreshed_before
-    # A supervisor polls at least once a second: two seconds paused must leave the job untouched.
-    time.sleep(2.0)
+    # A supervisor polls at least once a second: two of its heartbeats (4 s)
+    # while paused must leave the job untouched.
+    let_polls_go_by(dsn, heartbeats=2)
     assert _state(dsn, waiting) == "available"
     browser.find_element(By.XPATH, "//tr[td/a[text()='uploads']]//button[text()='Resume']").click()
     wait.until(lambda d: "Queue uploads is resumed" in d.find_element(By.CSS_SELECTOR, ".notice").text)

@@ -92,7 +92,8 @@ def test_a_terminated_session_is_a_lost_connection(dsn: str) -> None:
 
 
 LIVENESS_HOLDER = """
-SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid = %s::oid AND objsubid = 2
+SELECT array_agg(pid ORDER BY pid) FROM pg_locks
+ WHERE locktype = 'advisory' AND granted AND classid = %s::oid AND objsubid = 2
    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"""
 
 
@@ -106,8 +107,9 @@ def test_a_statement_timeout_does_not_cost_a_supervisor_its_sessions(pools, dsn:
     supervisor = pools.start("--queue", "default", workers=1)
     job_id, = enqueue_jobs(dsn, [Job("sleep", {"seconds": 6.0})])
     wait_for(lambda: job_row(dsn, job_id)["state"] == "running", timeout=30, message="the job to start")
-    holder = wait_for(lambda: scalar(dsn, LIVENESS_HOLDER, (LOCK_CLASS_LIVENESS,)), timeout=10,
-                      message="the supervisor's liveness lock")
+    holder = wait_for(lambda: (lambda held: held if held and len(held) == 2 else None)(
+        scalar(dsn, LIVENESS_HOLDER, (LOCK_CLASS_LIVENESS,))), timeout=10,
+        message="the supervisor's liveness lock on its two sessions")
     blocker = psycopg2.connect(dsn)
     try:
         with blocker.cursor() as cur:

@@ -280,7 +280,7 @@ def test_no_password_in_supervisor_logs_or_metrics(secret_url, dsn, processes) -
         conn.close()
     # lose every connection, so the reconnect path logs too
     query(dsn, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-               "WHERE datname = current_database() AND application_name = 'awa-pool'")
+               "WHERE datname = current_database() AND application_name LIKE 'awa-pool%%'")
     wait_for(lambda: "reconnected" in supervisor.log_path.read_text(), timeout=30, message="a reconnection")
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         metrics = response.read().decode()

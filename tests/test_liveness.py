@@ -40,19 +40,26 @@ def _session(dsn: str) -> psycopg2.extensions.connection:
     return conn
 
 
-def test_a_supervisor_whose_session_ends_has_its_jobs_rescued_at_once(auto, dsn) -> None:
+def _hold(dsn: str, supervisor_id: int) -> List[psycopg2.extensions.connection]:
+    """A live supervisor's two sessions holding its lock (LISTEN and leader)."""
+    sessions = [_session(dsn), _session(dsn)]
+    assert all(LivenessLock().take(session, supervisor_id) for session in sessions)
+    return sessions
+
+
+def test_a_supervisor_whose_sessions_end_has_its_jobs_rescued_at_once(auto, dsn) -> None:
     awa_pool.enqueue_many(auto, [Job("k", queue="dies"), Job("k", queue="lives")])
     dying, living = _supervisor(dsn), _supervisor(dsn)
     dying_job, = _claim(dsn, "dies", dying)
     living_job, = _claim(dsn, "lives", living)
-    dying_session, living_session = _session(dsn), _session(dsn)
+    dying_sessions, living_sessions = _hold(dsn, dying), _hold(dsn, living)
     try:
-        assert LivenessLock().take(dying_session, dying) and LivenessLock().take(living_session, living)
         service = RescueDead()
         with auto.cursor() as cur:
-            assert service.tick(cur) == 0                       # both held: seen
-            dying_session.close()                                # the process died
-            wait_for(lambda: not _held(dsn, dying), timeout=10, message="the server to end the session")
+            assert service.tick(cur) == 0                       # both held by two sessions: seen
+            for session in dying_sessions:                      # the process died
+                session.close()
+            wait_for(lambda: not _held(dsn, dying), timeout=10, message="the server to end the sessions")
             assert service.tick(cur) == 0                       # free once: not yet
             assert service.tick(cur) == 1                       # free twice: rescued
             assert service.tick(cur) == 0
@@ -61,7 +68,8 @@ def test_a_supervisor_whose_session_ends_has_its_jobs_rescued_at_once(auto, dsn)
         assert "its database session ended" in rescued.errors[0]["error"]
         assert awa_pool.get_job(auto, living_job).state == "running"
     finally:
-        living_session.close()
+        for session in living_sessions:
+            session.close()
 
 
 def test_a_lock_never_seen_held_does_not_count(auto, dsn) -> None:
@@ -84,19 +92,57 @@ def test_a_lock_never_seen_held_does_not_count(auto, dsn) -> None:
     assert awa_pool.get_job(auto, job).state == "running"
 
 
-def test_a_stale_session_of_the_same_supervisor_is_ended_to_take_its_lock_back(dsn) -> None:
-    """A partition killed the old connection on the client side only: the
-    server still holds the old session and its lock."""
-    supervisor = _supervisor(dsn)
-    old, new = _session(dsn), _session(dsn)
+def test_the_lock_is_free_only_once_every_session_holding_it_ended(auto, dsn) -> None:
+    """A supervisor holds its lock on two sessions (its LISTEN and leader
+    sessions): one of them ending (pg_terminate_backend, a pooler restart)
+    leaves it held, and the leader rescues nothing; only when both ended
+    (the process is gone) are its jobs rescued. The leader never rescues
+    its own supervisor."""
+    awa_pool.enqueue_many(auto, [Job("k", queue="two"), Job("k", queue="own")])
+    supervisor, own = _supervisor(dsn), _supervisor(dsn)
+    job, = _claim(dsn, "two", supervisor)
+    own_job, = _claim(dsn, "own", own)
+    (first, second), own_sessions = _hold(dsn, supervisor), _hold(dsn, own)
     try:
-        assert LivenessLock().take(old, supervisor)
-        lock = LivenessLock()
-        assert lock.take(new, supervisor) and lock.held_on(new)
-        assert _is_broken(old), "the old session was ended"
+        service = RescueDead(spare=own)
+        with auto.cursor() as cur:
+            assert service.tick(cur) == 0                         # held: seen
+            cur.execute("SELECT pg_terminate_backend(%s)", (first.info.backend_pid,))
+            wait_for(lambda: _is_broken(first), timeout=10, message="the first session to end")
+            assert _held(dsn, supervisor), "the second session still holds the lock"
+            assert [service.tick(cur) for _ in range(3)] == [0, 0, 0]
+            assert awa_pool.get_job(auto, job).state == "running"
+            for session in own_sessions + [second]:               # both processes are gone
+                session.close()
+            wait_for(lambda: not _held(dsn, supervisor) and not _held(dsn, own), timeout=10,
+                     message="the server to end the sessions")
+            assert [service.tick(cur) for _ in range(3)] == [0, 1, 0]
+        assert awa_pool.get_job(auto, job).state == "available"
+        assert awa_pool.get_job(auto, own_job).state == "running", "the leader's own supervisor is spared"
     finally:
-        old.close()
-        new.close()
+        for conn in (first, second, *own_sessions):
+            conn.close()
+
+
+def test_a_lock_seen_on_one_session_only_is_left_to_the_heartbeat(auto, dsn) -> None:
+    """A supervisor still reconnecting its other session (after a server
+    restart, or just starting) holds its lock on one: that one ending may
+    be a session ended, not a process gone, so the fast path leaves it to
+    the heartbeat staleness (a server restart once cost a live supervisor
+    its jobs this way: its leader session was ended while its loop was
+    still reconnecting)."""
+    awa_pool.enqueue(auto, Job("k", queue="q"))
+    supervisor = _supervisor(dsn)
+    job, = _claim(dsn, "q", supervisor)
+    session = _session(dsn)
+    assert LivenessLock().take(session, supervisor)
+    service = RescueDead()
+    with auto.cursor() as cur:
+        assert service.tick(cur) == 0
+        session.close()
+        wait_for(lambda: not _held(dsn, supervisor), timeout=10, message="the server to end the session")
+        assert [service.tick(cur) for _ in range(3)] == [0, 0, 0]
+    assert awa_pool.get_job(auto, job).state == "running"
 
 
 def _is_broken(conn: psycopg2.extensions.connection) -> bool:

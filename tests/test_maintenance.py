@@ -239,7 +239,8 @@ def test_default_services_cover_every_duty() -> None:
     services = default_services(heartbeat_staleness=10, retention_completed=60, retention_failed=120)
     names = [s.name for s in services]
     assert names == ["promote", "rescue_dead", "rescue_lost", "rescue_deadlines", "expire_callbacks",
-                     "forget_supervisors", "fire_cron", "retention", "vacuum_queue_tables", "live_census"]
+                     "expire_jobs", "forget_supervisors", "fire_cron", "retention", "vacuum_queue_tables",
+                     "live_census"]
     retention = services[-3]
     assert isinstance(retention, Retention)
     assert (retention.completed_s, retention.failed_s) == (60, 120)

@@ -5,16 +5,11 @@ job running now. Every job still runs exactly once, under the lease it was
 claimed with, and a child killed mid-way loses none."""
 from __future__ import annotations
 
-import os
 import signal
-import time
 from datetime import datetime, timedelta, timezone
 
-import pytest
-
 from awa_pool import Job
-from awa_pool.supervisor import Supervisor
-from gated_children import _claim, _Gates, _ready_child, _running_a_then_two
+from gated_children import _claim, _Gates, _ready_child, _running_a_then_two, _urgency
 from helpers import enqueue_jobs, job_row, wait_for
 
 
@@ -33,13 +28,13 @@ def test_an_urgent_job_runs_next_and_every_job_once_with_its_lease(loopless_supe
     first = _claim(sup, 3)
     assert [job.id for job in first] == [a_id, aged_id, fresh_id]
     leases = {job.id: job.lease for job in first}
-    sup.children.assign(child, "gates", first, sup.claimer._urgency("gates"))
+    sup.children.assign(child, "gates", first, _urgency(sup))
     wait_for(lambda: pump() and child.running_job()[0] == a_id, timeout=30, message="job A to start")
 
     # A refill of equal urgency queues behind: nothing is taken back.
     (same_id,) = enqueue_jobs(dsn, [gates.job(priority=2)])
     same = _claim(sup, 1)
-    sup.children.assign(child, "gates", same, sup.claimer._urgency("gates"))
+    sup.children.assign(child, "gates", same, _urgency(sup))
     assert [job.id for job in child.inflight] == [a_id, aged_id, fresh_id, same_id]
     assert child.overtaken == {}
 
@@ -47,7 +42,7 @@ def test_an_urgent_job_runs_next_and_every_job_once_with_its_lease(loopless_supe
     (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
     urgent = _claim(sup, 1)
     leases.update({same_id: same[0].lease, urgent_id: urgent[0].lease})
-    sup.children.assign(child, "gates", urgent, sup.claimer._urgency("gates"))
+    sup.children.assign(child, "gates", urgent, _urgency(sup))
     assert [job.id for job in child.inflight] == [a_id, aged_id, urgent_id, fresh_id, same_id]
     assert sorted(child.overtaken) == sorted((i, leases[i]) for i in (aged_id, fresh_id, same_id))
     assert sup.stats()["counters"]["overtakes"] == 1
@@ -69,13 +64,14 @@ def test_a_child_killed_after_an_overtake_loses_no_job(loopless_supervisor, dsn,
     gates = _Gates(tmp_path)
     child, pump, (a_id, b_id, c_id) = _running_a_then_two(sup, gates, dsn, priority=3)
     (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
-    sup.children.assign(child, "gates", _claim(sup, 1), sup.claimer._urgency("gates"))
+    sup.children.assign(child, "gates", _claim(sup, 1), _urgency(sup))
     assert [job.id for job in child.inflight] == [a_id, urgent_id, b_id, c_id]
 
     child.process.kill()
     child.process.join(timeout=10)
     assert child.process.exitcode == -signal.SIGKILL
-    sup._on_child_exit(child)   # what the loop does when the child's sentinel fires
+    wait_for(lambda: sup.step(0.05) or not sup.children.current(child), timeout=10,
+             message="the loop to reap the killed child")
     assert sup.completer.drain(10), "the completer did not write its outcomes"
     assert gates.starts() == [(a_id, job_row(dsn, a_id)["lease"])], "only job A had started"
     states = {job_id: job_row(dsn, job_id)["state"] for job_id in (urgent_id, b_id, c_id)}
@@ -130,31 +126,30 @@ def test_priority_1_jobs_becoming_available_notify_awa_urgent(dsn, auto) -> None
 
 def test_a_new_priority_1_job_is_claimed_at_once_and_runs_next(loopless_supervisor, dsn, tmp_path) -> None:
     """The supervisor claims a new priority-1 job when its notification
-    arrives, not at the child's next refill, and it overtakes the queued
-    jobs; a new priority-2 job wakes no such early claim."""
+    arrives on its own LISTEN session, not at the child's next refill, and
+    it overtakes the queued jobs; a new priority-2 job wakes no such early
+    claim."""
     sup = loopless_supervisor
     gates = _Gates(tmp_path)
     child, pump, (a_id, b_id, c_id) = _running_a_then_two(sup, gates, dsn, priority=2)
 
     def notified() -> bool:
-        sup._on_notify()   # what the loop does when the LISTEN session is readable
+        sup.step(0.05)   # the loop reads its LISTEN session
         return bool(sup.claimer.with_work)
 
     sup.claimer.no_work("gates")
     (d_id,) = enqueue_jobs(dsn, [gates.job(priority=2)])
     wait_for(notified, timeout=10, message="the notification of the priority-2 job")
     assert sup.claimer.rushing == set(), "a priority-2 job is no reason to claim early"
-    assert sup.lane is None, "the urgent lane opens its session for the first priority-1 job"
 
     (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
     wait_for(lambda: notified() and sup.claimer.rushing, timeout=10,
              message="the notification of the priority-1 job on awa_urgent")
-    assert sup.lane is not None, "the first priority-1 job opens the urgent lane"
     claims = sup.claimer.claims
-    sup.claimer.hand_out()   # the loop's dispatch; no child has asked for a refill
+    sup.handout.run()   # the loop's hand-out; no child has asked for a refill
     assert sup.claimer.claims == claims + 1
     assert [job.id for job in child.inflight] == [a_id, urgent_id, b_id, c_id]
-    assert sup.children.overtakes == 1
+    assert sup.children.overtakes == 1 and sup.claimer.rushes == 1
 
     gates.held.touch()
     wait_for(lambda: pump() and not child.inflight, timeout=30, message="every job to be reported")
@@ -163,141 +158,16 @@ def test_a_new_priority_1_job_is_claimed_at_once_and_runs_next(loopless_supervis
     assert job_row(dsn, d_id)["state"] == "available", "D was never claimed"
 
 
-def _start_lane(sup: Supervisor) -> None:
-    """The urgent lane, as a running supervisor has it (a test playing the
-    loop holds the state lock when it touches the supervisor's parts)."""
-    sup.state = "running"
-    sup._start_lane()
-    wait_for(lambda: sup.lane.connected, timeout=10, message="the urgent lane's session")
-
-
-def _all_reported(sup: Supervisor, child, pump) -> None:
-    def reported() -> bool:
-        with sup.state_lock:  # the lane runs: the part of the loop the test plays holds the lock
-            pump()
-            return not child.inflight
-
-    wait_for(reported, timeout=30, message="every job to be reported")
-
-
-class _BlockedStatement:
-    """The main loop waiting on a statement (blocked on an advisory lock the
-    test holds), in a thread that plays the loop: it holds the state lock
-    except while the statement waits, as a tick does."""
-
-    KEY = 740_021
-
-    def __init__(self, sup: Supervisor, dsn: str) -> None:
-        import threading
-
-        import psycopg2
-
-        self.holder = psycopg2.connect(dsn)
-        self.holder.autocommit = True
-        with self.holder.cursor() as cur:
-            cur.execute("SELECT pg_advisory_lock(%s)", (self.KEY,))
-        self.done = threading.Event()
-
-        def statement() -> None:
-            with sup.state_lock:
-                sup.session.run(lambda cur: cur.execute("SELECT pg_advisory_lock(%s), pg_advisory_unlock(%s)",
-                                                        (self.KEY, self.KEY)))
-            self.done.set()
-
-        self.thread = threading.Thread(target=statement, daemon=True)
-        self.thread.start()
-        wait_for(lambda: self._waiting(), timeout=10, message="the main session to wait on the lock")
-
-    def _waiting(self) -> bool:
-        with self.holder.cursor() as cur:
-            cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s "
-                        "AND NOT granted", (self.KEY,))
-            return cur.fetchone()[0] == 1
-
-    def release(self) -> None:
-        with self.holder.cursor() as cur:
-            cur.execute("SELECT pg_advisory_unlock(%s)", (self.KEY,))
-        self.holder.close()
-        assert self.done.wait(10), "the main session's statement did not finish"
-
-
-def test_the_urgent_lane_hands_out_a_priority_1_job_while_the_loop_waits_on_a_statement(
-        loopless_supervisor, dsn, tmp_path) -> None:
-    """The loop reads its LISTEN session only between statements; the lane
-    claims a new priority-1 job and the child starts it while the loop's
-    statement has not returned. Every job still runs once, under its lease."""
-    sup = loopless_supervisor
-    gates = _Gates(tmp_path)
-    child, pump, (a_id, b_id, c_id) = _running_a_then_two(sup, gates, dsn, priority=2)
-    _start_lane(sup)
-    blocked = _BlockedStatement(sup, dsn)
-    try:
-        (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
-        wait_for(lambda: urgent_id in [job.id for job in list(child.inflight)], timeout=10,
-                 message="the lane to hand the priority-1 job to the child")
-        assert not blocked.done.is_set()
-        with sup.state_lock:
-            assert [job.id for job in child.inflight] == [a_id, urgent_id, b_id, c_id]
-            assert sup.children.overtakes == 1 and sup.lane.rushes == 1
-        gates.held.touch()
-
-        def urgent_started() -> bool:
-            with sup.state_lock:
-                pump()
-            return urgent_id in [job_id for job_id, _ in gates.starts()]
-
-        wait_for(urgent_started, timeout=30, message="the priority-1 job to start")
-        assert not blocked.done.is_set(), "the job must start while the loop's statement still waits"
-    finally:
-        blocked.release()
-    _all_reported(sup, child, pump)
-    assert [job_id for job_id, _ in gates.starts()] == [a_id, urgent_id, b_id, c_id]
-    assert sup.completer.drain(10), "the completer did not write its outcomes"
-    for job_id, lease in gates.starts():
-        row = job_row(dsn, job_id)
-        assert (row["state"], row["attempt"], row["result"]) == ("completed", 1, {"lease": lease}), row
-    assert len({lease for _, lease in gates.starts()}) == 2, "the lane's claim has a lease of its own"
-
-
-def test_the_urgent_lane_comes_back_after_its_session_is_terminated(loopless_supervisor, dsn, auto,
-                                                                   tmp_path) -> None:
-    """pg_terminate_backend on the lane's session: the loop claims priority-1
-    jobs in the meantime (its own LISTEN session hears awa_urgent too), the
-    lane reconnects, and its next claim works; no job runs twice."""
-    sup = loopless_supervisor
-    gates = _Gates(tmp_path)
-    child, pump, (a_id, b_id, c_id) = _running_a_then_two(sup, gates, dsn, priority=3)
-    _start_lane(sup)
-    first_pid = sup.lane.conn.get_backend_pid()
-    with auto.cursor() as cur:
-        cur.execute("SELECT pg_terminate_backend(%s)", (first_pid,))
-    wait_for(lambda: sup.lane.connected and sup.lane.conn.get_backend_pid() != first_pid, timeout=15,
-             message="the urgent lane to reconnect")
-    with sup.state_lock:   # notices sent while it was away are lost to it: the loop's claims look
-        assert "gates" in sup.claimer.urgent_left
-    (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
-    wait_for(lambda: urgent_id in [job.id for job in list(child.inflight)], timeout=10,
-             message="the reconnected lane to hand out the priority-1 job")
-    gates.held.touch()
-    _all_reported(sup, child, pump)
-    assert [job_id for job_id, _ in gates.starts()] == [a_id, urgent_id, b_id, c_id]
-    assert sup.completer.drain(10), "the completer did not write its outcomes"
-    assert all(job_row(dsn, job_id)["state"] == "completed" for job_id in (a_id, b_id, c_id, urgent_id))
-
-
 def test_a_rush_claim_takes_priority_1_jobs_only(loopless_supervisor, dsn) -> None:
-    """What a rush claims (URGENT_ONLY): the priority-1 jobs, even one
-    enqueued with a past run_at, and nothing of the other levels, so a
-    supervisor beaten to the urgent job takes no backlog job it did not ask for."""
-    from awa_pool.worker.claimer import URGENT_ONLY
-
+    """What a rush claims: the priority-1 jobs, even one enqueued with a past
+    run_at, and nothing of the other levels, so a supervisor beaten to the
+    urgent job takes no backlog job it did not ask for."""
     sup = loopless_supervisor
     past = datetime.now(timezone.utc) - timedelta(hours=1)
     ids = enqueue_jobs(dsn, [Job("noop", {}, queue="gates", priority=p) for p in (2, 3, 4)]
                        + [Job("noop", {}, queue="gates", priority=1, run_at=past)])
-    got = sup.claimer._claim_statement("gates", 0, 4, URGENT_ONLY, rush=True)
-    assert [job.id for job in got] == [ids[3]]
-    assert sup.claimer._claim_statement("gates", 0, 4, URGENT_ONLY, rush=True) == []
+    assert [job.id for job in sup.claimer.claim_urgent("gates", 4)] == [ids[3]]
+    assert sup.claimer.claim_urgent("gates", 4) == []
     assert [job_row(dsn, job_id)["state"] for job_id in ids[:3]] == ["available"] * 3
 
 
@@ -309,126 +179,42 @@ def test_a_rush_serves_a_child_asking_for_a_refill_of_short_jobs_only(loopless_s
     gates = _Gates(tmp_path)
     (a_id,) = enqueue_jobs(dsn, [gates.job(held=True, priority=2)])
     child, pump = _ready_child(sup)
-    sup.children.assign(child, "gates", _claim(sup, 1), sup.claimer._urgency("gates"))
+    sup.children.assign(child, "gates", _claim(sup, 1), _urgency(sup))
     wait_for(lambda: pump() and child.running_job()[0] == a_id and child.refill_wanted, timeout=30,
              message="job A to start and its child to ask for a refill")
     (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
 
-    sup.claimer.record_job_time("gates", 5.0)   # long jobs: no early claim
+    sup.claimer.times.record("gates", 5.0)   # long jobs: no early claim
     sup.claimer.rush(["gates"])
-    assert sup.claimer._rush(time.monotonic()) == 0 and len(child.inflight) == 1
+    sup.handout.run()
+    assert len(child.inflight) == 1 and sup.claimer.rushes == 0
 
-    sup.claimer.record_job_time("gates", 0.001)   # short ones (the average moves slowly)
-    for _ in range(60):
-        sup.claimer.record_job_time("gates", 0.001)
+    for _ in range(60):   # short ones (the average moves slowly)
+        sup.claimer.times.record("gates", 0.001)
     sup.claimer.rushed_at.clear()
     sup.claimer.rush(["gates"])
-    assert sup.claimer._rush(time.monotonic()) == 1
+    sup.handout.run()
     assert [job.id for job in child.inflight] == [a_id, urgent_id]
     gates.held.touch()
     wait_for(lambda: pump() and not child.inflight, timeout=30, message="every job to be reported")
     assert [job_id for job_id, _ in gates.starts()] == [a_id, urgent_id]
 
 
-def test_the_state_lock_lets_the_lane_go_before_the_loops_next_statement() -> None:
-    """The lane waiting for the lock claims before the statement the loop
-    lets go of it for: that statement (most likely a claim of a full batch)
-    would otherwise take the urgent job first."""
-    import threading
-
-    from awa_pool.worker.urgent_lane import StateLock
-
-    lock, order = StateLock(), []
-
-    def lane() -> None:
-        with lock.first():
-            order.append("lane")
-
-    with lock:
-        thread = threading.Thread(target=lane)
-        thread.start()
-        wait_for(lambda: lock._urgent == 1, timeout=5, message="the lane to wait for the lock")
-        order.append("loop")
-        with lock.released():
-            order.append("statement")
-        order.append("loop again")
-    thread.join(5)
-    assert order == ["loop", "lane", "statement", "loop again"]
-    with lock.released():   # not held by this thread: a no-op
-        order.append("outside")
-
-
-def test_a_rush_gives_an_idle_child_the_urgent_job_and_the_lane_its_switch_interval(
-        loopless_supervisor, dsn, tmp_path) -> None:
-    """An idle child takes the new priority-1 job at once (not after the
-    loop's next plan and claim). While the lane runs, the supervisor's GIL
-    switch interval is short; a forked child and the stopped lane give the
-    program's back."""
+def test_a_rush_gives_an_idle_child_the_urgent_job(loopless_supervisor, dsn, tmp_path) -> None:
+    """An idle child takes the new priority-1 job in the turn its notice
+    arrives, by the rush, and the pool changes no interpreter-wide setting."""
     import sys
-
-    from awa_pool.worker import urgent_lane
 
     sup = loopless_supervisor
     gates = _Gates(tmp_path)
-    child, pump = _ready_child(sup)
     before = sys.getswitchinterval()
-    _start_lane(sup)
-    assert sys.getswitchinterval() == pytest.approx(min(before, urgent_lane.SWITCH_INTERVAL_S))
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # a forked child, as the supervisor's are
-        os.write(write_end, repr(sys.getswitchinterval()).encode())
-        os._exit(0)
-    os.waitpid(pid, 0)
-    assert float(os.read(read_end, 64)) == pytest.approx(before)
-    os.close(read_end)
-    os.close(write_end)
-    other = sup.children.spawn(1)   # not ready yet, so not idle
+    child, pump = _ready_child(sup)
     (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
-    wait_for(lambda: [job.id for job in list(child.inflight) + list(other.inflight)] == [urgent_id],
-             timeout=10, message="the lane to hand the job to an idle child")
-    sup.lane.stop()
-    sup.lane = None
-    assert sys.getswitchinterval() == pytest.approx(before)
+    wait_for(lambda: sup.step(0.05) or sup.claimer.rushing, timeout=10,
+             message="the notification of the priority-1 job")
+    sup.claimer.no_work("gates")   # only the rush may claim it
+    sup.handout.run()
+    assert [job.id for job in child.inflight] == [urgent_id] and sup.claimer.rushes == 1
     wait_for(lambda: pump() and not child.inflight, timeout=30, message="the job to be reported")
     assert [job_id for job_id, _ in gates.starts()] == [urgent_id]
-
-
-def test_a_backlog_claim_leaves_new_priority_1_jobs_to_the_lane_unless_a_rush_left_some(
-        loopless_supervisor, dsn) -> None:
-    """While the lane listens, a claim past a backlog's cursor skips
-    priority 1: a new priority-1 job must not wait for a batch claim that
-    takes milliseconds. Once a rush leaves such jobs behind (no child to
-    give one to), the backlog claims look at priority 1 again until one
-    comes back without more; the claim from the start finds them too."""
-    from awa_pool.worker.claimer import LOOK_FROM_START_EVERY_S
-
-    sup = loopless_supervisor
-    claimer = sup.claimer
-    claimer.lane_up = lambda: True
-    backlog = enqueue_jobs(dsn, [Job("noop", {}, queue="gates", priority=2) for _ in range(8)])
-    now = time.monotonic()
-
-    def claim_ids(want: int):
-        return [job.id for job in claimer._claim_lane("gates", 0, want, now)]
-
-    assert claim_ids(2) == backlog[:2]            # full: the queue has a backlog, and a cursor
-    (urgent_id,) = enqueue_jobs(dsn, [Job("noop", {}, queue="gates", priority=1)])
-    assert claim_ids(2) == backlog[2:4]           # past the cursor: level 1 is the lane's
-    assert job_row(dsn, urgent_id)["state"] == "available"
-
-    claimer.rush(["gates"])
-    assert claimer._rush(now) == 0                 # no child to give it to: left behind
-    assert "gates" in claimer.urgent_left
-    assert claim_ids(2) == [urgent_id, backlog[4]]
-    assert claim_ids(2) == backlog[5:7] and "gates" not in claimer.urgent_left   # none left
-
-    (released_id,) = enqueue_jobs(dsn, [Job("noop", {}, queue="gates", priority=1)])
-    assert claim_ids(1) == [backlog[7]]           # (a job made available without a notice)
-    claimer.looked_from_start[("gates", 0)] = now - LOOK_FROM_START_EVERY_S
-    assert claim_ids(1) == [released_id]          # the claim from the start takes it
-
-    claimer.lane_up = lambda: False               # no lane: every claim looks at level 1
-    more = enqueue_jobs(dsn, [Job("noop", {}, queue="gates", priority=p) for p in (2, 2, 1)])
-    assert claim_ids(1) == [more[2]]
-    assert claim_ids(2) == more[:2]
+    assert sys.getswitchinterval() == before

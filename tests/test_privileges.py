@@ -23,7 +23,7 @@ from awa_pool import Job
 from awa_pool.api import grants
 from awa_pool.worker.maintenance import Maintenance, Retention, default_services
 from conftest import Pools
-from helpers import count_lines, query, scalar, states, wait_for
+from helpers import connection, count_lines, query, scalar, states, wait_for
 
 
 def _as_role(dsn: str, role: str) -> str:
@@ -108,9 +108,10 @@ def test_producer_enqueues_every_way(dsn, producer, tmp_path) -> None:
             raw = cur.fetchone()[0]
             # SPEC §12: INSERT INTO awa.jobs, every column a producer may give, RETURNING id
             cur.execute("INSERT INTO awa.jobs (kind, args, queue, priority, run_at, max_attempts, timeout_s, tags, "
-                        "metadata, ordering_key, unique_opts) VALUES ('raw_insert', '{}', 'raw', 1, NULL, 3, 5, "
-                        "'{t}', '{}', 'k', NULL), ('raw_insert', '{\"u\": 1}', 'raw', 2, now() + interval '1 hour', "
-                        "3, NULL, '{}', '{}', NULL, '{}') RETURNING id")
+                        "metadata, ordering_key, retry_policy, expires_at, unique_opts) VALUES ('raw_insert', '{}', "
+                        "'raw', 1, NULL, 3, 5, '{t}', '{}', 'k', '{\"backoff\": \"constant\", \"base\": 1}', "
+                        "now() + interval '1 day', NULL), ('raw_insert', '{\"u\": 1}', 'raw', 2, "
+                        "now() + interval '1 hour', 3, NULL, '{}', '{}', NULL, NULL, NULL, '{}') RETURNING id")
             inserted = [row[0] for row in cur.fetchall()]
         conn.commit()
     finally:
@@ -145,7 +146,7 @@ def test_producer_enqueues_every_way(dsn, producer, tmp_path) -> None:
     ("cancel", "SELECT awa.cancel_job(1)"),
     ("retry", "SELECT awa.retry_job(1)"),
     ("resolve a callback", "SELECT * FROM awa.resolve_callback(gen_random_uuid(), 'complete')"),
-    ("rescue", "SELECT * FROM awa.rescue_lost(0)"),
+    ("rescue", "SELECT * FROM awa.rescue_lost(0, 500, NULL)"),
     ("pause a queue", "INSERT INTO awa.queues (name, paused) VALUES ('default', true)"),
     ("register a supervisor", "INSERT INTO awa.supervisors (hostname, pid, version, workers) VALUES ('h', 1, 'v', 1)"),
     ("read batches", "SELECT remaining FROM awa.batches"),
@@ -431,34 +432,55 @@ def test_a_worker_granted_before_a_new_hot_path_function_may_call_it_after_migra
     assert scalar(empty_dsn, "SELECT state::text FROM awa.jobs WHERE id = %s", (job_id,)) == "completed"
 
 
-def test_a_producer_granted_before_the_uniform_bulk_path_may_use_it_after_migrating(
-        empty_dsn, make_role) -> None:  # empty_dsn first: torn down after the roles
-    """0014 adds awa.insert_uniform_jobs, which enqueue_many uses for a chunk
-    of one shape, and 0024 replaces it with one that also takes tags and
-    metadata: a producer granted on a v13 database keeps bulk-enqueueing
-    after `migrate`, without being granted again."""
-    from awa_pool.api.migrate import MIGRATIONS, migrate
+def _migrate_until(dsn: str, version: int) -> None:
+    """Apply the migrations before `version` only, as `migrate` would have
+    on a database made before that migration existed."""
+    from awa_pool.api.migrate import MIGRATIONS
+    from awa_pool.core.sql import QUERIES
 
-    role = make_role("awa_producer", also=(empty_dsn,))
-    conn = psycopg2.connect(empty_dsn)
-    try:
-        migrate(conn)
+    with connection(dsn) as conn:
+        with conn.cursor() as cur:
+            cur.execute(QUERIES["bootstrap_migrations"])
+            for number, name, text in MIGRATIONS:
+                if number < version:
+                    cur.execute(text)
+                    cur.execute(QUERIES["record_migration"], {"version": number, "name": name})
         conn.commit()
-        _grant(empty_dsn, role, "producer")
-        with conn.cursor() as cur:  # back to version 13: the function and its grants go
-            cur.execute("DROP FUNCTION awa.insert_uniform_jobs(text, text, integer, integer, "
-                        "double precision, jsonb, bigint, text[], jsonb)")
-            cur.execute("DELETE FROM awa.schema_migrations WHERE version IN (14, 24)")
-        conn.commit()
-        assert MIGRATIONS[13][:2] == (14, "uniform_bulk_enqueue")
-        assert MIGRATIONS[23][:2] == (24, "uniform_bulk_tags_metadata")
-        assert migrate(conn) == [14, 24]
-    finally:
-        conn.close()
-    producer_conn = psycopg2.connect(_as_role(empty_dsn, role))
+
+
+def test_roles_granted_before_0027_keep_enqueueing_and_working_after_migrating(
+        empty_dsn, make_role) -> None:  # empty_dsn first: torn down after the roles
+    """0027 replaces awa.insert_job and awa.insert_uniform_jobs (new
+    parameters: expiry and retry policy) and adds the functions that apply
+    them: a producer and a worker granted before it keep enqueueing (one
+    job, the uniform and the JSON bulk paths) and settling and expiring
+    after `migrate`, without being granted again."""
+    from awa_pool.api.migrate import migrate
+    from awa_pool.core.retry import RetryPolicy
+
+    producer_role = make_role("awa_producer", also=(empty_dsn,))
+    worker_role = make_role("awa_worker", also=(empty_dsn,))
+    _migrate_until(empty_dsn, 27)
+    _grant(empty_dsn, producer_role, "producer")
+    _grant(empty_dsn, worker_role, "worker")
+    with connection(empty_dsn) as conn:
+        assert 27 in migrate(conn)
+    policy = RetryPolicy(backoff="constant", base=5)
+    producer_conn = psycopg2.connect(_as_role(empty_dsn, producer_role))
     try:
-        ids = awa_pool.enqueue_many(producer_conn, [Job("noop", {"i": i}, tags=["t"]) for i in range(5)])
+        ids = [awa_pool.enqueue(producer_conn, Job("noop", retry=policy, expires_in=60))]
+        ids += awa_pool.enqueue_many(producer_conn, [Job("noop", {"i": i}, retry=policy) for i in range(3)])
+        ids += awa_pool.enqueue_many(producer_conn, [Job("noop", {"i": i}, expires_in=i + 1) for i in range(3)])
         producer_conn.commit()
     finally:
         producer_conn.close()
-    assert scalar(empty_dsn, "SELECT count(*) FROM awa.jobs WHERE id = ANY(%s)", (ids,)) == 5
+    assert scalar(empty_dsn, "SELECT count(*) FROM awa.jobs WHERE id = ANY(%s)", (ids,)) == 7
+    worker_conn = psycopg2.connect(_as_role(empty_dsn, worker_role))
+    try:
+        with worker_conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM awa.expire_jobs(10)")
+            cur.execute("SELECT awa.backoff_s(1, retry_policy) FROM awa.jobs_hot WHERE id = %s", (ids[1],))
+            assert 5.0 <= cur.fetchone()[0] <= 5.0 * 1.25
+        worker_conn.commit()
+    finally:
+        worker_conn.close()

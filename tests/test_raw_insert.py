@@ -1,4 +1,4 @@
-"""INSERT INTO awa.jobs (SPEC §12, migration 0027): raw SQL producers in
+"""INSERT INTO awa.jobs (SPEC §12, migration 0028): raw SQL producers in
 any language insert one row or many, INSERT ... SELECT included, and
 RETURNING id gives the job ids; each row takes awa.insert_job's path
 (defaults, lanes, unique keys, NOTIFY at commit), a bad row fails the
@@ -20,7 +20,7 @@ from awa_pool import Job
 from helpers import connection, query, record, scalar, wait_for
 
 RAW = ("INSERT INTO awa.jobs (kind, args, queue, priority, run_at, max_attempts, timeout_s, tags, "
-       "metadata, ordering_key, unique_opts) VALUES ")
+       "metadata, ordering_key, unique_opts) VALUES ")   # retry_policy and expires_at: see their own test
 
 
 def _inserted(conn, statement: str, params=None) -> list:
@@ -73,6 +73,24 @@ def scalar_in(conn, statement: str):
     with conn.cursor() as cur:
         cur.execute(statement)
         return cur.fetchone()[0]
+
+
+def test_a_raw_row_may_carry_a_retry_policy_and_an_expiry_checked_as_insert_job_checks_them(dsn) -> None:
+    with connection(dsn) as conn:
+        ids = _inserted(conn, "INSERT INTO awa.jobs (kind, retry_policy, expires_at, unique_opts) VALUES "
+                              "('r', '{\"backoff\": \"constant\", \"base\": 3}', now() + interval '1 hour', NULL), "
+                              "('u', '{\"backoff\": \"linear\", \"base\": 2}', NULL, '{}') RETURNING id")
+        conn.commit()
+        plain, unique = (awa_pool.get_job(conn, i) for i in ids)
+        with pytest.raises(psycopg2.errors.InvalidParameterValue, match="retry_policy backoff must be"):
+            _inserted(conn, "INSERT INTO awa.jobs (kind, retry_policy) VALUES ('ok', NULL), "
+                            "('bad', '{\"backoff\": \"sometimes\"}')")
+        conn.rollback()
+    assert plain.retry_policy["backoff"] == "constant" and plain.retry_policy["base"] == 3
+    assert plain.expires_at is not None and plain.expires_at > plain.created_at
+    assert unique.retry_policy["backoff"] == "linear"
+    assert scalar(dsn, "SELECT count(*) FROM awa.jobs") == 2
+    _inbox_is_empty(dsn)
 
 
 def test_returning_shows_the_jobs_state_and_given_columns(dsn) -> None:
@@ -243,7 +261,7 @@ def test_a_real_pool_runs_raw_inserted_jobs(dsn, pools) -> None:
     assert [record(dsn, i).result for i in ids[:3]] == [{"sum": 2}, {"sum": 3}, {"sum": 4}]
 
 
-def test_a_producer_granted_before_migration_0027_may_insert_after_it(empty_dsn) -> None:
+def test_a_producer_granted_before_migration_0028_may_insert_after_it(empty_dsn) -> None:
     """The migration gives the new privileges to every role that already
     held the producer profile (grant_producer gives them from now on)."""
     from psycopg2 import sql
@@ -256,7 +274,7 @@ def test_a_producer_granted_before_migration_0027_may_insert_after_it(empty_dsn)
         with connection(empty_dsn) as conn, conn.cursor() as cur:
             cur.execute(QUERIES["bootstrap_migrations"])
             for version, _name, text in load_migrations():
-                if version == 27:
+                if version == 28:
                     cur.execute("SELECT awa.grant_producer(%s)", (role,))
                 cur.execute(text)
             conn.commit()

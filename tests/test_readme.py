@@ -1,6 +1,7 @@
 """The README's two commands, word for word: the run command works from a
 clean state with no database URL and no Postgres server (embedded server,
-its data under tmp_path), and the test command is the one CI runs."""
+its data under tmp_path), and the test command is the one CI runs; and the
+README stays short, the rest being the pages of docs/."""
 from __future__ import annotations
 
 import os
@@ -35,12 +36,21 @@ def test_readme_shows_exactly_the_two_commands() -> None:
             assert (ROOT / link).exists(), link
 
 
-def test_readme_kinds_table_is_what_the_cli_prints() -> None:
-    """The `awa-pool kinds` example is aligned as the CLI aligns it: the same
-    rows rendered by cli_output give the README's text back exactly."""
+def test_readme_stays_a_readme() -> None:
+    """At most ~200 lines: the manual is the site under docs/, and the
+    README links to its pages."""
+    assert len(README.splitlines()) <= 200
+    for page in ("getting-started", "tasks", "testing", "cli", "deployment", "kubernetes", "architecture"):
+        assert f"(docs/{page}.md)" in README, page
+
+
+def test_cli_page_kinds_table_is_what_the_cli_prints() -> None:
+    """The `awa-pool kinds` example of docs/cli.md is aligned as the CLI
+    aligns it: the same rows rendered by cli_output give its text back exactly."""
     from awa_pool.ops.cli_output import table, to_text
 
-    shown = README.split("`awa-pool kinds` printed")[1].split("```\n")[1].rstrip("\n")
+    page = (ROOT / "docs" / "cli.md").read_text()
+    shown = page.split("`awa-pool kinds` printed")[1].split("```\n")[1].rstrip("\n")
     names = re.split(r"\s{2,}", shown.splitlines()[0].strip())
     headers, rows = parse_table(shown, right=names[1:])  # every column but KIND holds figures
     assert headers == names and headers[:2] == ["KIND", "RUNS"] and len(rows) == 3

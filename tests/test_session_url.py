@@ -25,4 +25,5 @@ def test_pool_takes_the_session_url_from_its_argument_or_the_environment(monkeyp
         Pool(dsn, app="apps.basic", workers=1, session_dsn="redis://localhost")
     monkeypatch.setenv("AWA_SESSION_DATABASE_URL", dsn)
     assert Pool(dsn, workers=1).config.session_dsn == dsn
-    assert Pool(dsn, workers=1, session_dsn=dsn + "?application_name=x").config.session_dsn.endswith("=x")
+    with_option = dsn + ("&" if "?" in dsn else "?") + "application_name=x"   # the embedded URL has ?host=
+    assert Pool(dsn, workers=1, session_dsn=with_option).config.session_dsn.endswith("=x")

@@ -12,7 +12,7 @@ from helpers import enqueue_jobs, job_row, query, scalar, wait_for
 
 WAITING_STEP = """
 SELECT l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
- WHERE NOT l.granted AND l.relation = %s::regclass AND a.application_name = 'awa-pool'
+ WHERE NOT l.granted AND l.relation = %s::regclass AND a.application_name LIKE 'awa-pool%%'
    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
 

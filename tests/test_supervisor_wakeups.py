@@ -30,7 +30,7 @@ def test_a_long_job_without_deadlines_does_not_wake_its_supervisor(pools, dsn) -
              message="the sleep job to start")
     before = _main_thread_switches(supervisor.pid)
     window = 2.0
-    time.sleep(window)  # the measured window, not a synchronization
+    time.sleep(window)  # the window measured, not a wait for anything
     woken = _main_thread_switches(supervisor.pid) - before
     # A 20 Hz check would wake it 40 times; what is left are the 1 s poll,
     # the 2 s heartbeat and the settings refresh (and their GIL hand-offs).
@@ -91,25 +91,9 @@ def _child(slot: int, jobs, shortest_timeout=None):
     return child
 
 
-def test_jobs_queued_behind_one_are_taken_back_after_a_multiple_of_its_queues_usual_time() -> None:
-    """A queue of 0.25 s jobs also gets a next job queued behind the running
-    one: that one is taken back for another child only once the running
-    job has run twice the usual time, not after the 0.1 s floor."""
-    from awa_pool.worker.claimer import PATIENCE_JOBS
-
-    now = time.monotonic()
-    child = _child(0, [(1, None), (2, None)])
-    child.patience = PATIENCE_JOBS * 0.25   # what Children.assign sets (Claimer._patience)
-    child.next_position = 2
-    child.status.start(1, 0, now - 0.2)
-    table = _children_with(child)
-    assert table.next_check(now) == now - 0.2 + 0.5
-    assert table.check(now).released.outcomes == []
-    assert [o.job_id for o in table.check(now + 0.31).released.outcomes] == [2]
-
-
 def test_the_next_check_is_the_earliest_deadline_of_any_busy_child() -> None:
-    from awa_pool.worker.children import OVERDUE_RETRY_S, TAKE_BACK_AFTER_S
+    from awa_pool.worker.children import OVERDUE_RETRY_S
+    from awa_pool.worker.placement import TAKE_BACK_AFTER_S
 
     now = time.monotonic()
     idle = _child(0, [])

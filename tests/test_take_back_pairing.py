@@ -6,15 +6,8 @@ child ran it, so it ran twice with no fault to explain it."""
 from __future__ import annotations
 
 from awa_pool import Job
-from awa_pool.worker import fetcher
-from awa_pool.supervisor import Supervisor
+from gated_children import _claim, _ready_child
 from helpers import enqueue_jobs, job_row, wait_for
-
-
-def _claim(sup: Supervisor, limit: int):
-    return sup.session.run(lambda cur: fetcher.claim(
-        cur, queue="gates", limit=limit, supervisor_id=sup.supervisor_id, aging_s=60.0,
-        lease=sup.claimer._next_lease()))
 
 
 def test_a_late_release_of_an_old_lease_leaves_the_new_attempt_held(loopless_supervisor, dsn, tmp_path) -> None:
@@ -23,13 +16,7 @@ def test_a_late_release_of_an_old_lease_leaves_the_new_attempt_held(loopless_sup
     gate_a, gate_j = tmp_path / "open-a", tmp_path / "open-j"
     a_id, j_id = enqueue_jobs(dsn, [Job("gate", {"gate": str(gate_a), "log": str(log)}),
                                     Job("gate", {"gate": str(gate_j), "log": str(log)})])
-    child = sup.children.spawn(0)
-
-    def pump():
-        sup._on_child_readable(child)  # what the loop does when the child's pipe is readable
-        return True
-
-    wait_for(lambda: pump() and child.ready, timeout=30, message="the child to say it is ready")
+    child, pump = _ready_child(sup)
 
     # A and J go to the child in one batch; A runs long, so J is taken back.
     first = _claim(sup, 2)
@@ -39,7 +26,7 @@ def test_a_late_release_of_an_old_lease_leaves_the_new_attempt_held(loopless_sup
     wait_for(lambda: pump() and child.running_job()[0] == a_id, timeout=30, message="job A to start")
     released = sup.children.take_back(child, "job A runs long")
     assert [(o.job_id, o.lease, o.outcome) for o in released.outcomes] == [(j_id, old_lease, "released")]
-    sup._release(released)
+    sup.completer.add(released.outcomes)   # as the loop does with jobs a child hands back
     wait_for(lambda: job_row(dsn, j_id)["state"] == "available", timeout=30,
              message="the taken-back job J to be available again")
 
@@ -62,7 +49,7 @@ def test_a_late_release_of_an_old_lease_leaves_the_new_attempt_held(loopless_sup
     # The supervisor's reconcile (every 30 s, and after a reconnect) must
     # leave J alone, once the outcomes read so far are written.
     assert sup.completer.drain(10), "the completer did not write its outcomes"
-    sup._reconcile()
+    sup.reconcile()
     assert sup.completer.drain(10), "the completer did not write its outcomes"
     row = job_row(dsn, j_id)
     assert (row["state"], row["lease"]) == ("running", new_lease), \

@@ -51,6 +51,7 @@ def _single_params(job: Job, *, batch_id: Optional[int] = None, hold: bool = Fal
         "tags": list(job.tags), "metadata": metadata_json or job.metadata_json,
         "unique_opts": json.dumps(job.unique.as_sql_options()) if job.unique else None,
         "ordering_key": job.ordering_key, "batch_id": batch_id, "hold": hold,
+        "expires_in_s": job.expires_in, "retry_policy": job.retry_json,
     }
 
 
@@ -80,10 +81,11 @@ def _insert_many(jobs: Sequence[Job], batch_id: Optional[int]) -> Steps[List[int
         chunk = jobs[start:start + MANY_CHUNK]
         shapes = {job.bulk_shape() for job in chunk}
         if len(shapes) == 1 and None not in shapes:
-            kind, queue, priority, max_attempts, timeout, tags, metadata_json = shapes.pop()
+            kind, queue, priority, max_attempts, timeout, tags, metadata_json, retry_json, expires_in = shapes.pop()
             rows = yield Query("insert_uniform_jobs", {
                 "kind": kind, "queue": queue, "priority": priority, "max_attempts": max_attempts,
                 "timeout_s": timeout, "batch_id": batch_id, "tags": list(tags), "metadata": metadata_json,
+                "expires_in_s": expires_in, "retry_policy": retry_json,
                 "args": "[" + ",".join([job.args_json for job in chunk]) + "]"})
             ids.extend(sorted(row[0] for row in rows.values))
             continue

@@ -26,6 +26,13 @@ SESSION_URL_ENV_VAR = "AWA_SESSION_DATABASE_URL"   # a direct URL beside a poole
 WAITING_LOG_EVERY_S = 10.0   # while retrying a connection, at most one log line this often
 APPLICATION_NAME = "awa-pool"
 
+
+def session_name(role: str, supervisor_id: Optional[int] = None) -> str:
+    """application_name of a supervisor's session: which supervisor, which
+    session ("awa-pool/17 listen"), as pg_stat_activity shows them."""
+    return f"{APPLICATION_NAME}/{supervisor_id} {role}" if supervisor_id is not None else \
+        f"{APPLICATION_NAME} {role}"
+
 # Advisory lock keys (two-int form): class 0x61776100 ("awa\0") plus a purpose.
 LOCK_CLASS = 0x61776100
 LOCK_MIGRATE = 1
@@ -98,15 +105,16 @@ if psycopg2.extensions.libpq_version() >= 120000:
     KEEPALIVES["tcp_user_timeout"] = 10_000  # ms of unacknowledged data before the connection fails
 
 
-def _open(url: str, *, autocommit: bool, connect_timeout: int) -> psycopg2.extensions.connection:
-    conn = psycopg2.connect(url, application_name=APPLICATION_NAME,
+def _open(url: str, *, autocommit: bool, connect_timeout: int,
+          application_name: str) -> psycopg2.extensions.connection:
+    conn = psycopg2.connect(url, application_name=application_name,
                             connect_timeout=max(1, connect_timeout), **KEEPALIVES)
     conn.autocommit = autocommit
     return conn
 
 
-def connect(url: str, *, autocommit: bool = False, retry_for: float = 0.0,
-            connect_timeout: int = 10) -> psycopg2.extensions.connection:
+def connect(url: str, *, autocommit: bool = False, retry_for: float = 0.0, connect_timeout: int = 10,
+            application_name: str = APPLICATION_NAME) -> psycopg2.extensions.connection:
     """Open a connection; retry transient failures for up to `retry_for` seconds.
 
     Raises DatabaseUnavailable (with the password redacted) when it gives up.
@@ -123,7 +131,8 @@ def connect(url: str, *, autocommit: bool = False, retry_for: float = 0.0,
             reraise=True,
         ):
             with attempt:
-                return _open(url, autocommit=autocommit, connect_timeout=connect_timeout)
+                return _open(url, autocommit=autocommit, connect_timeout=connect_timeout,
+                             application_name=application_name)
     except psycopg2.OperationalError as exc:
         if is_bad_option(exc):
             raise ConfigError(f"invalid database URL {redact(url)}: {redact(first_line(exc))}") from None

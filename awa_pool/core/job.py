@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import enum
 import itertools
-import json
 import operator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple
 
 from .errors import Seconds, to_seconds
+# check_json, decode_json_for_record and UNDECODABLE are imported from here
+# by the modules that read records and results
+from .jsonvalue import UNDECODABLE, _encode, _quote, check_json, decode_json_for_record, json_object  # noqa: F401
+from .retry import RetryPolicy, check_retry
 
 MAX_NAME_LEN = 200
 MAX_TAGS = 20
@@ -65,137 +68,6 @@ def check_name(value: Any, what: str) -> str:
         except UnicodeEncodeError:
             raise ValueError(f"{what} contains a lone surrogate, which is not valid UTF-8") from None
     return value
-
-
-def _bad_text(text: str, path: str) -> None:
-    raise ValueError(f"{path} contains a NUL character, which Postgres cannot store")
-
-
-def _check_json_value(value: Any, path: str) -> None:
-    """Raise TypeError/ValueError naming the first non-JSON value under path.
-
-    Written for speed on the common shapes (flat dicts of str/int/bool):
-    exact type checks first, paths formatted only when descending.
-    """
-    kind = type(value)
-    if kind is str:
-        if "\x00" in value:
-            _bad_text(value, path)
-        return
-    if kind is int or kind is bool or value is None:
-        return
-    if kind is dict:
-        for key, item in value.items():
-            if type(key) is not str:
-                if not isinstance(key, str):
-                    raise TypeError(f"{path} has a non-string key {key!r}: JSON object keys are strings")
-            if "\x00" in key:
-                _bad_text(key, f"{path} key")
-            item_kind = type(item)
-            if item_kind is str:
-                if "\x00" in item:
-                    _bad_text(item, f"{path}[{key!r}]")
-            elif not (item_kind is int or item_kind is bool or item is None):
-                _check_json_value(item, f"{path}[{key!r}]")
-        return
-    if kind is list or kind is tuple:
-        for index, item in enumerate(value):
-            _check_json_value(item, f"{path}[{index}]")
-        return
-    if kind is float:
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ValueError(f"{path} is {value!r}: NaN and infinity are not JSON")
-        return
-    # subclasses of the JSON types (IntEnum, OrderedDict...) take the slow road
-    if isinstance(value, bool) or isinstance(value, int):
-        return
-    if isinstance(value, float):
-        _check_json_value(float(value), path)
-        return
-    if isinstance(value, str):
-        _check_json_value(str(value), path)
-        return
-    if isinstance(value, Mapping):
-        _check_json_value(dict(value), path)
-        return
-    if isinstance(value, (list, tuple)):
-        _check_json_value(list(value), path)
-        return
-    raise TypeError(f"{path} is a {type(value).__name__}, which is not JSON-serializable")
-
-
-def _find_surrogate(value: Any, path: str) -> None:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(f"{path} contains a lone surrogate, which is not valid UTF-8") from None
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            _find_surrogate(key, f"{path} key")
-            _find_surrogate(item, f"{path}[{key!r}]")
-    elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            _find_surrogate(item, f"{path}[{index}]")
-
-
-def _make_encode() -> Callable[[Any], str]:
-    """Compact JSON text of an already-checked value. The C encoder is built
-    once: JSONEncoder.encode builds a new one on every call, a third of the
-    cost of a small job's args. It keeps no cycle markers: the check before
-    it walks the value first, and a cycle ends there in RecursionError."""
-    c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
-    if c_make_encoder is None:  # a Python without the C accelerator
-        return json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-    iterencode = c_make_encoder(None, None, json.encoder.encode_basestring, None, ":", ",",
-                                False, False, False)
-    return lambda value: "".join(iterencode(value, 0))
-
-
-_encode = _make_encode()
-_quote = json.encoder.encode_basestring  # a JSON string literal (C)
-
-
-def check_json(value: Any, what: str) -> str:
-    """Validate any JSON value; return its compact JSON text."""
-    try:
-        _check_json_value(value, what)
-        text = _encode(value)
-    except RecursionError:
-        raise ValueError(f"{what} nests too deeply to be encoded as JSON") from None
-    if text.isascii():
-        return text  # no lone surrogate hides in ASCII
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        _find_surrogate(value, what)
-        raise ValueError(f"{what} is not valid UTF-8") from None
-    return text
-
-
-UNDECODABLE = "$undecodable"  # the key of the stand-in for JSON Python cannot decode
-
-
-def decode_json_for_record(text: str) -> Any:
-    """Decode a stored JSON value for a JobRecord. JSON nested deeper than
-    Python's recursion limit (only raw SQL can store it) becomes a one-key
-    stand-in instead of an exception, so one such job cannot break listing
-    or showing the others."""
-    try:
-        return json.loads(text)
-    except RecursionError:
-        return {UNDECODABLE: f"JSON nested too deeply for Python to decode ({len(text)} characters)"}
-
-
-def json_object(value: Any, what: str) -> Tuple[Dict[str, Any], str]:
-    """Validate a JSON object (dict) and return it with its JSON text."""
-    if value is None:
-        return {}, "{}"
-    if type(value) is not dict:
-        if not isinstance(value, Mapping):
-            raise TypeError(f"{what} must be a dict (a JSON object), not {type(value).__name__}")
-        value = dict(value)
-    return value, check_json(value, what)
 
 
 def check_priority(value: Any) -> int:
@@ -253,12 +125,13 @@ class Unique:
 
 
 _UNSET: Any = object()
-# Which of queue/priority/max_attempts/timeout a Job set itself, for every
-# combination (a lookup is cheaper than building the set per job).
+# The fields a task's declaration can fill in for a Job that left them unset.
+TASK_FIELDS = ("queue", "priority", "max_attempts", "timeout", "retry", "expires_in")
+# Which of them a Job set itself, for every combination (a lookup is
+# cheaper than building the set per job).
 _EXPLICIT: Dict[Tuple[bool, ...], FrozenSet[str]] = {
-    flags: frozenset(name for name, given in zip(("queue", "priority", "max_attempts", "timeout"), flags)
-                     if given)
-    for flags in itertools.product((False, True), repeat=4)}
+    flags: frozenset(name for name, given in zip(TASK_FIELDS, flags) if given)
+    for flags in itertools.product((False, True), repeat=len(TASK_FIELDS))}
 # The defaults of a field neither a Job nor its task sets. The only place
 # they are decided in Python; awa.insert_job's SQL defaults for raw SQL
 # producers are the same (tests/test_job.py checks).
@@ -266,7 +139,7 @@ DEFAULT_QUEUE = "default"
 DEFAULT_PRIORITY = 2
 DEFAULT_MAX_ATTEMPTS = 25
 JOB_DEFAULTS = {"queue": DEFAULT_QUEUE, "priority": DEFAULT_PRIORITY, "max_attempts": DEFAULT_MAX_ATTEMPTS,
-                "timeout": None}
+                "timeout": None, "retry": None, "expires_in": None}
 
 
 def _read_only(slot: str) -> Any:
@@ -278,15 +151,20 @@ class Job:
     """A job to enqueue: a plain, validated, immutable value.
 
     Bad values raise TypeError/ValueError here, before any SQL runs. A
-    task's declared queue, priority, max_attempts and timeout apply to the
-    fields this Job does not set itself.
+    task's declared queue, priority, max_attempts, timeout, retry and
+    expires_in apply to the fields this Job does not set itself.
+
+    `retry` (a RetryPolicy) sets how this job's failed attempts back off;
+    which exceptions give up at once is the task's (its own retry_on and
+    give_up_on). `expires_in` (seconds from the enqueue, on the database's
+    clock): a job not started by then is cancelled as "expired", never run.
     """
 
     # Fields live in private slots behind read-only properties: a plain store
     # costs a tenth of object.__setattr__ (what a __setattr__-guarded class
     # needs), and a bulk enqueue builds a Job per row.
     __slots__ = ("_kind", "_args", "_queue", "_priority", "_run_at", "_delay", "_max_attempts",
-                 "_timeout", "_unique", "_tags", "_metadata", "_ordering_key",
+                 "_timeout", "_unique", "_tags", "_metadata", "_ordering_key", "_retry", "_expires_in",
                  "_args_json", "_metadata_json", "_explicit")
 
     kind: str = _read_only("_kind")
@@ -301,6 +179,8 @@ class Job:
     tags: Tuple[str, ...] = _read_only("_tags")
     metadata: Dict[str, Any] = _read_only("_metadata")
     ordering_key: Optional[str] = _read_only("_ordering_key")
+    retry: Optional[RetryPolicy] = _read_only("_retry")
+    expires_in: Optional[float] = _read_only("_expires_in")
     args_json: str = _read_only("_args_json")          # compact JSON text of args
     metadata_json: str = _read_only("_metadata_json")  # and of metadata
 
@@ -310,9 +190,11 @@ class Job:
                  max_attempts: int = _UNSET, timeout: Optional[Seconds] = _UNSET,
                  unique: Optional[Unique] = None, tags: Iterable[str] = (),
                  metadata: Optional[Mapping[str, Any]] = None,
-                 ordering_key: Optional[str] = None) -> None:
+                 ordering_key: Optional[str] = None, retry: Optional[RetryPolicy] = _UNSET,
+                 expires_in: Optional[Seconds] = _UNSET) -> None:
         self._explicit = _EXPLICIT[(queue is not _UNSET, priority is not _UNSET,
-                                    max_attempts is not _UNSET, timeout is not _UNSET)]
+                                    max_attempts is not _UNSET, timeout is not _UNSET,
+                                    retry is not _UNSET, expires_in is not _UNSET)]
         self._kind = check_name(kind, "kind")
         self._args, self._args_json = json_object(args, "args")
         self._queue = DEFAULT_QUEUE if queue is _UNSET else check_name(queue, "queue")
@@ -341,6 +223,15 @@ class Job:
         else:
             self._metadata, self._metadata_json = json_object(metadata, "metadata")
         self._ordering_key = None if ordering_key is None else check_name(ordering_key, "ordering_key")
+        self._retry = None if retry is _UNSET else check_retry(retry)
+        if self._retry is not None and self._retry.filters_exceptions:
+            raise ValueError("a Job's retry policy sets its backoff only: retry_on and give_up_on "
+                             "belong to the task (@task(retry=...)), where the exception is raised")
+        self._expires_in = None if expires_in is _UNSET or expires_in is None else to_seconds(
+            expires_in, "expires_in", allow_zero=False)
+        if self._expires_in is not None and self._delay is not None and self._delay >= self._expires_in:
+            raise ValueError(f"the job would expire (expires_in={self._expires_in:g}s) before it is "
+                             f"due (delay={self._delay:g}s)")
 
     def replace(self, **changes: Any) -> "Job":
         """A copy with some fields changed (validated again)."""
@@ -355,15 +246,20 @@ class Job:
         return Job(changes.get("kind", self._kind), **{k: v for k, v in fields.items() if k != "kind"})
 
     def with_defaults(self, defaults: Mapping[str, Any]) -> "Job":
-        """Fill the fields this job left unset from a task's declared defaults."""
-        missing = {name: value for name, value in defaults.items()  # equal ones: no copy to revalidate
-                   if name not in self._explicit and value is not None and getattr(self, name) != value}
+        """Fill the fields this job left unset from a task's declared defaults
+        (of a task's retry policy, the backoff: see Job)."""
+        missing = {name: value for name, value in defaults.items()
+                   if name not in self._explicit and value is not None}
+        if missing.get("retry") is not None:
+            missing["retry"] = missing["retry"].backoff_only()
+        # a default equal to what the job holds changes nothing: no copy to revalidate
+        missing = {name: value for name, value in missing.items() if getattr(self, name) != value}
         return self.replace(**missing) if missing else self
 
     def _key(self) -> tuple:
         return (self._kind, self._args_json, self._queue, self._priority, self._run_at, self._delay,
                 self._max_attempts, self._timeout, self._unique, self._tags, self._metadata_json,
-                self._ordering_key)
+                self._ordering_key, self._retry, self._expires_in)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Job) and self._key() == other._key()
@@ -374,7 +270,7 @@ class Job:
     def __repr__(self) -> str:
         extras = "".join(f", {name}={getattr(self, name)!r}" for name in (
             "queue", "priority", "run_at", "delay", "max_attempts", "timeout", "unique",
-            "ordering_key") if getattr(self, name) not in (None, JOB_DEFAULTS.get(name)))
+            "ordering_key", "retry", "expires_in") if getattr(self, name) not in (None, JOB_DEFAULTS.get(name)))
         return f"Job({self._kind!r}, {self._args!r}{extras})"
 
     def bulk_shape(self) -> Optional[tuple]:
@@ -382,7 +278,7 @@ class Job:
         if not self.ready_and_plain() or self._ordering_key is not None:
             return None
         return (self._kind, self._queue, self._priority, self._max_attempts, self._timeout,
-                self._tags, self._metadata_json)
+                self._tags, self._metadata_json, self.retry_json, self._expires_in)
 
     def with_checked_metadata(self, metadata: Dict[str, Any], metadata_json: str) -> "Job":
         """A copy with metadata already encoded by check_json; nothing else is checked again."""
@@ -391,6 +287,11 @@ class Job:
             setattr(copy, name, getattr(self, name))
         copy._metadata, copy._metadata_json = metadata, metadata_json
         return copy
+
+    @property
+    def retry_json(self) -> Optional[str]:
+        """The stored form of this job's retry policy (None: the standard backoff)."""
+        return self._retry.as_json() if self._retry is not None else None
 
     def ready_and_plain(self) -> bool:
         """Ready now, with no unique key: the bulk fast path can insert it."""
@@ -417,6 +318,10 @@ class Job:
             parts += [',"unique_opts":', _encode(self._unique.as_sql_options())]
         if self._ordering_key is not None:
             parts += [',"ordering_key":', _quote(self._ordering_key)]
+        if self._retry is not None:
+            parts += [',"retry_policy":', self._retry.as_json()]
+        if self._expires_in is not None:
+            parts += [',"expires_in_s":', repr(self._expires_in)]
         parts.append("}")
         return "".join(parts)
 
@@ -460,6 +365,8 @@ class JobRecord:
     ordering_key: Optional[str] = None
     callback_id: Optional[str] = None
     attempted_at: Optional[datetime] = None
+    expires_at: Optional[datetime] = None
+    retry_policy: Optional[Dict[str, Any]] = None
     extra: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -496,5 +403,6 @@ class JobRecord:
             dead_lettered=bool(row.get("dead_lettered")), batch_id=row.get("batch_id"),
             ordering_key=row.get("ordering_key"),
             callback_id=str(callback_id) if callback_id is not None else None,
-            attempted_at=row.get("attempted_at"),
+            attempted_at=row.get("attempted_at"), expires_at=row.get("expires_at"),
+            retry_policy=row.get("retry_policy"),
         )

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional
 from .errors import ConfigError, Seconds, to_seconds
 from .job import (DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, DEFAULT_QUEUE, Job, check_max_attempts, check_name,
                   check_priority)
+from .retry import RetryPolicy, check_retry
 
 
 @dataclass(frozen=True)
@@ -29,14 +30,16 @@ class Task:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     timeout: Optional[float] = None
     pass_context: bool = False
+    retry: Optional[RetryPolicy] = None      # its backoff goes with each job; the child applies the rest
+    expires_in: Optional[float] = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
 
     @property
     def defaults(self) -> Dict[str, Any]:
-        return {"queue": self.queue, "priority": self.priority,
-                "max_attempts": self.max_attempts, "timeout": self.timeout}
+        return {"queue": self.queue, "priority": self.priority, "max_attempts": self.max_attempts,
+                "timeout": self.timeout, "retry": self.retry, "expires_in": self.expires_in}
 
     def job(self, **args: Any) -> Job:
         """A Job of this task with these keyword args and the task's defaults.
@@ -57,18 +60,24 @@ _child_start_hooks: List[Callable[[], Any]] = []
 
 
 def task(kind: str, *, queue: str = DEFAULT_QUEUE, priority: int = DEFAULT_PRIORITY,
-         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-         timeout: Optional[Seconds] = None, pass_context: bool = False) -> Callable[[Callable[..., Any]], Task]:
+         max_attempts: int = DEFAULT_MAX_ATTEMPTS, timeout: Optional[Seconds] = None,
+         pass_context: bool = False, retry: Optional[RetryPolicy] = None,
+         expires_in: Optional[Seconds] = None) -> Callable[[Callable[..., Any]], Task]:
     """Register a handler for a job kind.
 
     The handler is called with the job's args as keyword arguments, and with
-    a JobContext first when pass_context=True.
+    a JobContext first when pass_context=True. `retry` (an awa_pool.RetryPolicy)
+    sets the backoff of its jobs and the exceptions that fail one at once;
+    `expires_in`: its jobs not started that long after their enqueue are
+    cancelled as "expired".
     """
     check_name(kind, "task kind")
     check_name(queue, "task queue")
     check_priority(priority)
     check_max_attempts(max_attempts)
     timeout_s = to_seconds(timeout, "task timeout", allow_zero=False)
+    check_retry(retry, "task retry")
+    expires_in_s = to_seconds(expires_in, "task expires_in", allow_zero=False)
 
     def register(func: Callable[..., Any]) -> Task:
         if not callable(func):
@@ -79,7 +88,7 @@ def task(kind: str, *, queue: str = DEFAULT_QUEUE, priority: int = DEFAULT_PRIOR
         existing = _registry.get(kind)
         if existing is not None and existing.func is not func and _qualname(existing.func) != _qualname(func):
             raise ConfigError(f"task kind {kind!r} is already registered by {_qualname(existing.func)}")
-        declared = Task(kind, func, queue, priority, max_attempts, timeout_s, pass_context)
+        declared = Task(kind, func, queue, priority, max_attempts, timeout_s, pass_context, retry, expires_in_s)
         _registry[kind] = declared
         return declared
 

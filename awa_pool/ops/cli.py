@@ -181,13 +181,16 @@ def enqueue(kind: Optional[str] = typer.Argument(None, help="The job kind (omit 
             file: Optional[str] = typer.Option(
                 None, "--file", "-f", metavar="JOBS.jsonl",
                 help="Bulk: one JSON object per line with kind, args, queue, priority, delay, run_at, "
-                     "max_attempts, timeout, tags, metadata, ordering_key, unique ('-' reads stdin). "
+                     "max_attempts, timeout, tags, metadata, ordering_key, unique, expires_in ('-' reads stdin). "
                      "All lines are checked first, then inserted in one transaction."),
             queue: Optional[str] = typer.Option(None, "--queue", "-q"),
             priority: Optional[int] = typer.Option(None, "--priority", "-p", help="1 (highest) to 4."),
             delay: Optional[str] = typer.Option(None, "--delay", help="Run after this long (30, 5m, 2h)."),
             max_attempts: Optional[int] = typer.Option(None, "--max-attempts"),
             timeout: Optional[str] = typer.Option(None, "--timeout", help="Per-attempt limit (300, 5m)."),
+            expires_in: Optional[str] = typer.Option(None, "--expires-in",
+                                                     help="Cancel it as expired if not started within this "
+                                                          "long (30s, 5m)."),
             tag: List[str] = typer.Option([], "--tag", help="A tag (repeatable)."),
             app_module: Optional[str] = typer.Option(None, "--app", "-a",
                                                      help="Import the tasks to apply their declared defaults."),
@@ -206,7 +209,7 @@ def enqueue(kind: Optional[str] = typer.Argument(None, help="The job kind (omit 
     defaults: Dict[str, Any] = {key: value for key, value in (
         ("queue", queue), ("priority", priority), ("max_attempts", max_attempts),
         ("delay", duration(delay, "--delay")), ("timeout", duration(timeout, "--timeout")),
-        ("tags", tag or None)) if value is not None}
+        ("expires_in", duration(expires_in, "--expires-in")), ("tags", tag or None)) if value is not None}
     if app_module:
         import_app(app_module)
     if file is not None:

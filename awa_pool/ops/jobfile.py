@@ -15,7 +15,7 @@ from ..core.errors import ConfigError
 from ..core.job import Job, Unique
 
 JOB_KEYS = ("kind", "args", "queue", "priority", "delay", "run_at", "max_attempts", "timeout",
-            "tags", "metadata", "ordering_key", "unique")
+            "tags", "metadata", "ordering_key", "unique", "expires_in")
 
 
 class JobFileError(ConfigError):
@@ -36,7 +36,7 @@ def job_from_object(entry: Mapping[str, Any], defaults: Mapping[str, Any]) -> Jo
         values.pop("delay", None)  # an entry's own run_at beats a default delay
     options: Dict[str, Any] = {key: values[key] for key in (
         "queue", "priority", "max_attempts", "tags", "metadata", "ordering_key") if key in values}
-    for key in ("delay", "timeout"):
+    for key in ("delay", "timeout", "expires_in"):
         if key in values:
             raw = values[key]
             numeric = isinstance(raw, (int, float)) and not isinstance(raw, bool)

@@ -28,6 +28,7 @@ from ..core.db import connect, first_line
 from ..core.errors import AwaError
 from ..worker.hooks import chain
 from ..worker.inflight import Finished
+from ..worker.outcomes import RAN
 from ..worker.protocol import ClaimedJob
 from ..core.sql import QUERIES
 from .stats import queue_stats
@@ -48,7 +49,7 @@ OUTCOME_COUNTERS = {
     "timeout": "timed_out",
 }
 # Attempts whose handler ran to a return or a raise: their wall time is real.
-TIMED_OUTCOMES = frozenset({"completed", "failed", "fatal", "retry", "snooze", "cancel", "wait"})
+TIMED_OUTCOMES = RAN
 LIVE_STATES = ("available", "running", "scheduled", "retryable", "waiting_external")
 
 
@@ -222,10 +223,15 @@ class _LiveCollector:
                                   value=sup.completer.flushes)
         yield CounterMetricFamily("awa_overtakes", "Refills whose more urgent jobs overtook jobs a child "
                                   "held queued.", value=sup.children.overtakes)
-        yield CounterMetricFamily("awa_handovers", "Jobs a busy child held queued that an idle child took "
-                                  "over.", value=sup.claimer.handovers)
-        yield CounterMetricFamily("awa_urgent_claims", "Claims of new priority-1 jobs by the urgent lane that "
-                                  "handed one out.", value=sup.lane.rushes if sup.lane else 0)
+        yield CounterMetricFamily("awa_urgent_claims", "Early claims of new priority-1 jobs (awa_urgent) that "
+                                  "found one.", value=sup.claimer.rushes)
+        yield CounterMetricFamily("awa_loop_stalls", "Loop turns that took over 5 s (each logged with the "
+                                  "statement it waited on).", value=sup.watchdog.stalls)
+        expired = CounterMetricFamily("awa_jobs_expired", "Jobs cancelled as expired before they started, "
+                                      "by this supervisor's leader.", labels=["queue", "kind"])
+        for (queue, kind), jobs in sorted(_expired_counts(sup).items()):
+            expired.add_metric([queue, kind], jobs)
+        yield expired
         info = GaugeMetricFamily("awa_supervisor_info", "Always 1; labels describe this supervisor.",
                                  labels=["supervisor_id", "version", "state"])
         info.add_metric([str(sup.supervisor_id or ""), __version__, str(sup.state)], 1)
@@ -251,6 +257,19 @@ class _LiveCollector:
                                 value=max((row.counts_age_s for row in rows), default=0.0))
         yield GaugeMetricFamily("awa_queue_stats_up", "1 when the last refresh of the queue gauges "
                                 "succeeded.", value=0 if self.metrics._queue_error else 1)
+
+
+def _expired_counts(supervisor: Any) -> Dict[tuple, int]:
+    """What the leader's expiry service cancelled while this supervisor led
+    (maintenance.ExpireJobs); nothing on a follower that never led."""
+    leader = supervisor.leader
+    if leader is None:
+        return {}
+    try:
+        service = leader.maintenance.get("expire_jobs")
+    except KeyError:
+        return {}
+    return dict(service.expired)
 
 
 def _children_of(supervisor: Any) -> List[Any]:

@@ -1,21 +1,26 @@
-"""One child process as the supervisor's table (Children) tracks it, and
-the words for a child's death."""
+"""One child process as the supervisor's table (Children) tracks it: how
+it is forked, what is known of it, and the words for its death."""
 from __future__ import annotations
 
+import os
 import signal
+import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import multiprocess
 
-from ..child import EXIT_HOOK_FAILED
+from ..child import child_main
+from . import ownership
 from .inflight import InFlight
+from .outcomes import EXIT_HOOK_FAILED
 from .protocol import ClaimedJob, FrameReader, Outbox, StatusBlock
 
 
-TAKE_BACK_AFTER_S = 0.1   # jobs queued behind one running longer than this are taken back (at least)
+_fork = multiprocess.get_context("fork")
 
 
+@ownership.owned
 @dataclass
 class ChildHandle:
     """One child, as Children tracks it. Others read these fields; only
@@ -46,9 +51,6 @@ class ChildHandle:
     refill_wanted: bool = False    # half its batch has started: queue the next one
     shortest_timeout: Optional[float] = None  # of the jobs sent since it was last idle
     lowest_priority: int = 0       # the largest priority number sent since it was last idle
-    # a job queued behind one that has run longer than this is taken back;
-    # set from its queue's usual job time (Children.assign)
-    patience: float = TAKE_BACK_AFTER_S
 
     @property
     def tasks_left(self) -> int:
@@ -72,14 +74,11 @@ class ChildHandle:
     def holds(self, job_id: int) -> bool:
         return any(job.id == job_id for job in self.inflight)
 
-    def holds_less_urgent(self, than: int, urgency: Callable[[ClaimedJob], int]) -> bool:
-        """Does it hold queued jobs, each kept for sending again, of which
-        one is less urgent than `than`?"""
-        if len(self.inflight) < 2 or than >= self.lowest_priority:
-            return False  # nothing queued, or nothing less urgent (aging only makes jobs more urgent)
-        queued = self.inflight[1:]  # the first may be running
-        return all(job.claimed is not None for job in queued) and than < max(
-            urgency(job.claimed) for job in queued)
+    @property
+    def queued_jobs(self) -> List[Optional[ClaimedJob]]:
+        """The jobs it holds behind the first one (which may be running), as
+        kept to be sent again (None: too big to keep)."""
+        return [job.claimed for job in self.inflight[1:]]
 
 
 F_SETPIPE_SZ = 1031
@@ -116,3 +115,35 @@ def describe_exit(exitcode: Optional[int]) -> str:
     if exitcode == EXIT_HOOK_FAILED:
         return "child process exited: an on_child_start hook failed"
     return f"child process exited with code {exitcode}"
+
+
+def fork_child(slot: int, close_fds: Sequence[int], neutralize_fds: Sequence[int], result_max_bytes: int,
+               recycle_after: Optional[int]) -> ChildHandle:
+    """Fork a child with its two pipes and status block. `close_fds`: fds
+    the child closes at once (its siblings' pipes, the signal pipe);
+    `neutralize_fds`: the supervisor's database sockets, which it points at
+    /dev/null (closing them would end the supervisor's sessions)."""
+    down_r, down_w = os.pipe()
+    up_r, up_w = os.pipe()
+    status = StatusBlock()
+    process = _fork.Process(
+        target=child_main, name=f"awa-pool-child-{slot}", daemon=False,
+        args=(os.getpid(), down_r, up_w, status, list(close_fds) + [down_w, up_r], list(neutralize_fds),
+              result_max_bytes))
+    with warnings.catch_warnings():
+        # Python 3.12+ warns when a process with threads forks: the child
+        # inherits their locks in whatever state they were. The completer's,
+        # leader's and watchdog's threads own only their database
+        # connections; a child never touches those (their sockets are pointed
+        # at /dev/null at once), logging re-creates its locks at fork, and the
+        # child leaves through os._exit, so nothing of theirs runs.
+        warnings.filterwarnings("ignore", message=".*multi-threaded.*fork.*", category=DeprecationWarning)
+        process.start()
+    os.close(down_r)
+    os.close(up_w)
+    grow_pipe(down_w)
+    os.set_blocking(down_w, False)
+    os.set_blocking(up_r, False)
+    return ChildHandle(slot=slot, process=process, pid=process.pid, down_fd=down_w, up_fd=up_r,
+                       reader=FrameReader(up_r), outbox=Outbox(down_w), status=status,
+                       recycle_after=recycle_after)

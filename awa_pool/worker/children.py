@@ -1,10 +1,11 @@
 """The supervisor's table of child processes, and the only writer of their
-state: spawn (multiprocess, fork), hand out batches, read their messages,
-the deadlines of what they run (timeouts, take-back of queued jobs, cancel
+state: spawn (multiprocess, fork), send batches, read their messages, the
+deadlines of what they run (timeouts, take-back of queued jobs, cancel
 grace), recycling, stopping, reaping, and naming each death.
 
-No database code: what it decides comes back as Outcomes for the supervisor
-to route (to the completer) and queue names to wake.
+No database code and no placement policy: what goes where is placement's
+(placement.py); what this decides comes back as Outcomes for the
+supervisor to route (to the completer) and queue names to wake.
 """
 from __future__ import annotations
 
@@ -13,60 +14,22 @@ import math
 import os
 import random
 import signal
-import warnings
-from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-import multiprocess
-
-from ..child import child_main
-from .child_handle import TAKE_BACK_AFTER_S, ChildHandle, describe_exit, grow_pipe
-from .inflight import Finished, InFlight
-from .protocol import (DONE, LOW, PROGRESS, READY, REQUEST, RUN, STOP, ClaimedJob, FrameReader, Outbox,
-                       Outcome, StatusBlock, frames)
+from . import ownership, placement
+from .placement import TAKE_BACK_AFTER_S
+from .child_handle import ChildHandle, describe_exit, fork_child
+from .inflight import Checked, Finished, InFlight, Reaped, Released
+from .outcomes import CRASH, RELEASED, TIMEOUT
+from .protocol import DONE, LOW, PROGRESS, READY, REQUEST, RUN, STOP, ClaimedJob, Outcome, frames
 
 log = logging.getLogger(__name__)
 
 RESEND_MAX_BYTES = 64 << 10  # a queued job this small is kept, so a more urgent one can overtake it
 OVERDUE_RETRY_S = 0.02    # an overdue check that could not act is retried this soon, not spun on
+OVERTAKE_LOCK_WAIT_S = 0.005  # an overtake gives up rather than wait longer on a child's status
 
-_fork = multiprocess.get_context("fork")
-
-
-@dataclass
-class Released:
-    """Jobs handed back unstarted (outcome "released"): the completer puts
-    them back in their queues, which the claimer should look at again."""
-
-    outcomes: List[Outcome] = field(default_factory=list)
-    queues: Set[str] = field(default_factory=set)
-
-    def extend(self, other: "Released") -> None:
-        self.outcomes.extend(other.outcomes)
-        self.queues |= other.queues
-
-
-@dataclass
-class Checked:
-    """What one deadline check did: children killed for a timeout, jobs
-    taken back from behind long runners."""
-
-    timed_out: int = 0
-    released: Released = field(default_factory=Released)
-
-
-@dataclass
-class Reaped:
-    """A dead child's last word: outcomes it sent before dying plus one for
-    each job it still held, its exit code and the death in words."""
-
-    outcomes: List[Finished]
-    exitcode: Optional[int]
-    cause: str
-    expected: bool              # it exited after being asked to stop
-    kill_reason: Optional[Tuple[str, str]]
-
-
+@ownership.owned
 class Children:
     """All children of one supervisor."""
 
@@ -79,41 +42,20 @@ class Children:
         self.max_memory_per_child = max_memory_per_child
         self.inherited_fds = inherited_fds  # () -> (fds to close, db socket fds to neutralize)
         self.by_slot: Dict[int, ChildHandle] = {}
-        self.overtakes = 0   # refills whose urgent jobs overtook jobs a child held queued
+        self.overtakes = 0   # batches whose urgent jobs went ahead of jobs a child held queued
 
     # -- lifecycle -----------------------------------------------------------
     def spawn(self, slot: int) -> ChildHandle:
-        down_r, down_w = os.pipe()
-        up_r, up_w = os.pipe()
-        status = StatusBlock()
         close_fds, neutralize = self.inherited_fds()
         siblings = [fd for child in self.by_slot.values() for fd in (child.down_fd, child.up_fd)]
-        close_in_child = list(close_fds) + siblings + [down_w, up_r]
-        process = _fork.Process(
-            target=child_main, name=f"awa-pool-child-{slot}", daemon=False,
-            args=(os.getpid(), down_r, up_w, status, close_in_child, list(neutralize),
-                  self.result_max_bytes))
-        with warnings.catch_warnings():
-            # Python 3.12+ warns when a process with threads forks: the child
-            # inherits their locks in whatever state they were. The completer's
-            # and leader's threads own only their database connections and
-            # queues; a child never touches those (their sockets are pointed
-            # at /dev/null at once), logging re-creates its locks at fork, and
-            # the child leaves through os._exit, so nothing of theirs runs.
-            warnings.filterwarnings("ignore", message=".*multi-threaded.*fork.*", category=DeprecationWarning)
-            process.start()
-        os.close(down_r)
-        os.close(up_w)
-        grow_pipe(down_w)
-        os.set_blocking(down_w, False)
-        os.set_blocking(up_r, False)
         recycle_after = None
         if self.max_tasks_per_child:
             # jitter so children started together do not all recycle together
             recycle_after = self.max_tasks_per_child + random.randint(0, max(0, self.max_tasks_per_child // 10))
-        child = ChildHandle(slot=slot, process=process, pid=process.pid, down_fd=down_w, up_fd=up_r,
-                            reader=FrameReader(up_r), outbox=Outbox(down_w), status=status,
-                            recycle_after=recycle_after)
+        child = fork_child(slot, list(close_fds) + siblings, list(neutralize), self.result_max_bytes,
+                           recycle_after)
+        if ownership.owner_of(self) is not None:
+            ownership.bind(child)
         self.by_slot[slot] = child
         return child
 
@@ -154,19 +96,42 @@ class Children:
                 "idle": sum(1 for c in children if c.idle), "busy_by_queue": self.busy_by_queue(),
                 "rss": {str(c.pid): c.rss for c in children if c.rss}}
 
+    def serving(self, queue: str) -> List[ChildHandle]:
+        """Children whose latest jobs are of this queue and that may take more."""
+        return [child for child in self.by_slot.values()
+                if child.inflight and child.inflight[-1].queue == queue and self._may_take_more(child)]
+
+    def wanting_refill(self) -> Dict[str, List[ChildHandle]]:
+        """Children half-way through a batch that may take a next one, by queue."""
+        wanting: Dict[str, List[ChildHandle]] = {}
+        for child in self.by_slot.values():
+            if child.refill_wanted and child.inflight and self._may_take_more(child) \
+                    and self._recycle_reason(child) is None:
+                wanting.setdefault(child.inflight[-1].queue, []).append(child)
+        return wanting
+
+    @staticmethod
+    def _may_take_more(child: ChildHandle) -> bool:
+        return not child.stopping and child.kill_reason is None and child.tasks_left > 0
+
     # -- work ----------------------------------------------------------------
     def assign(self, child: ChildHandle, queue: str, jobs: Sequence[ClaimedJob],
-               urgency: Optional[Callable[[ClaimedJob], int]] = None, patience: float = 0.0) -> None:
+               urgency: Optional[placement.Urgency] = None) -> None:
         """Send a batch of claimed jobs to a child (idle, or asking for a
-        refill). With `urgency` (a job's effective priority: lower runs
-        first), a refill's jobs more urgent than some the child holds queued
-        overtake those (see _overtake). `patience`: how long a job of this
-        queue may run before the jobs queued behind it are taken back (at
-        least TAKE_BACK_AFTER_S)."""
-        if urgency is not None:
-            jobs = self._overtake(child, jobs, urgency)
+        refill). With `urgency`, a batch that placement says goes ahead of
+        the jobs the child holds queued takes those back and sends them
+        again behind it (same leases)."""
+        if urgency is not None and placement.overtakes(child.queued_jobs, child.lowest_priority, jobs, urgency):
+            # from the first job it may not have started, if that one was kept to be sent again
+            first = child.inflight[0] if child.inflight[0].claimed is not None else child.inflight[1]
+            held = self._take_back_queued(child, first.position, OVERTAKE_LOCK_WAIT_S)
+            if held:
+                self.overtakes += 1
+                for job in held:
+                    key = (job.id, job.lease)
+                    child.overtaken[key] = child.overtaken.get(key, 0) + 1
+                jobs = placement.merged([job.claimed for job in held], jobs, urgency)
         child.queue = queue
-        child.patience = max(TAKE_BACK_AFTER_S, patience)
         start = child.next_position
         child.inflight.extend(InFlight(job.id, job.lease, job.kind, job.queue, job.timeout_s, start + i,
                                        job.attempt, job if job.payload_bytes <= RESEND_MAX_BYTES else None)
@@ -182,81 +147,19 @@ class Children:
             # (none of them started) when its sentinel fires.
             log.warning("child %d is gone; %d claimed job(s) go back to the queue", child.pid, len(jobs))
 
-    def _overtake(self, child: ChildHandle, jobs: Sequence[ClaimedJob],
-                  urgency: Callable[[ClaimedJob], int]) -> Sequence[ClaimedJob]:
-        """A refill arrives while the child still holds queued jobs (a batch
-        of up to max_batch_per_child short ones). If it brings a job more
-        urgent than one of those, take the queued ones back and return them
-        merged with the refill, most urgent first (the held ones first among
-        equals): the urgent job then waits only for the job running now, not
-        for the whole batch. A held job too big to have been kept
-        (RESEND_MAX_BYTES) keeps the order as it is."""
-        if not jobs or not child.holds_less_urgent(urgency(jobs[0]), urgency):  # most urgent first
-            return jobs
-        moved = self.withdraw(child, len(child.inflight))
-        if moved:
-            self.overtakes += 1
-        return sorted(moved + list(jobs), key=urgency)
-
-    def withdraw(self, child: ChildHandle, count: int) -> List[ClaimedJob]:
-        """Take back up to the last `count` jobs the child holds queued, to be
-        sent again (to it, or to another child: same leases). The child
-        skips its copies and reports them released; `overtaken` drops those
-        reports. Only jobs kept for sending again (RESEND_MAX_BYTES) can be:
-        [] if one is not, or if all have started."""
-        if count <= 0 or not child.inflight or any(job.claimed is None for job in child.inflight[1:]):
-            return []  # (a count read a moment ago may be 0 now: the child started its next job)
-        start = child.inflight[max(0, len(child.inflight) - count)].position
-        first = child.status.take_back(start, child.next_position, timeout=0.005)
-        if first is None:
+    def _take_back_queued(self, child: ChildHandle, first: int, wait_s: float) -> List[InFlight]:
+        """Stop the child from starting the jobs it holds from stream
+        position `first` on (those it started already stay), and strike them
+        off its books: the caller decides what becomes of them. [] when it
+        started them all, or its status could not be had within wait_s."""
+        if not child.inflight:
             return []
-        moved = [job for job in child.inflight if job.position >= first]
-        child.inflight = [job for job in child.inflight if job.position < first]
-        for job in moved:
-            key = (job.id, job.lease)
-            child.overtaken[key] = child.overtaken.get(key, 0) + 1
-        return [job.claimed for job in moved]
-
-    def fullest(self, eligible: Callable[[str], bool]) -> Tuple[Optional[ChildHandle], int]:
-        """The busy child holding the most jobs queued behind the one it
-        runs, all of one eligible queue and kept for sending again, and how
-        many ((None, 0): none holds any)."""
-        best, most = None, 0
-        for child in self.by_slot.values():
-            if (len(child.inflight) < 2 or child.stopping or child.kill_reason is not None
-                    or not eligible(child.inflight[-1].queue)):
-                continue
-            queued = self.unstarted(child)
-            if queued > most and child.running_job()[0] and all(
-                    job.claimed is not None and job.queue == child.inflight[-1].queue
-                    for job in child.inflight[1:]):
-                best, most = child, queued
-        return best, most
-
-    def serving(self, queue: str) -> List[ChildHandle]:
-        """Children whose latest jobs are of this queue and that may take more."""
-        return [child for child in self.by_slot.values()
-                if child.inflight and child.inflight[-1].queue == queue and not child.stopping
-                and child.kill_reason is None and child.tasks_left > 0]
-
-    def wanting_refill(self) -> Dict[str, List[ChildHandle]]:
-        """Children half-way through a batch that may take a next one, by queue."""
-        wanting: Dict[str, List[ChildHandle]] = {}
-        for child in self.by_slot.values():
-            if child.refill_wanted and self.refillable(child):
-                wanting.setdefault(child.inflight[-1].queue, []).append(child)
-        return wanting
-
-    def refillable(self, child: ChildHandle) -> bool:
-        """Busy, and may take more jobs behind those it holds."""
-        return bool(child.inflight and not child.stopping and child.kill_reason is None
-                    and child.tasks_left > 0 and self._recycle_reason(child) is None)
-
-    @staticmethod
-    def unstarted(child: ChildHandle) -> int:
-        """How many of the jobs the child holds it has not started yet."""
-        last = child.status.last_started()
-        return sum(1 for job in child.inflight if job.position > last)
+        taken_from = child.status.take_back(first, child.next_position, timeout=wait_s)
+        if taken_from is None:
+            return []
+        moved = [job for job in child.inflight if job.position >= taken_from]
+        child.inflight = [job for job in child.inflight if job.position < taken_from]
+        return moved
 
     def _post(self, child: ChildHandle, *messages: tuple) -> bool:
         """Send messages to a child without ever blocking on it (what its
@@ -283,28 +186,8 @@ class Children:
         for message in child.reader.read_available():
             tag = message[0]
             if tag == DONE:
-                reported = message[1]
+                outcomes.extend(self._reported(child, message[1]))
                 child.rss = message[2]
-                # By job and lease: a job taken back can come back to this
-                # child under a new lease before the child reports the old
-                # one released, and that report must not end the new attempt.
-                held = {(job.id, job.lease): job for job in child.inflight}
-                for o in reported:
-                    key = (o.job_id, o.lease)
-                    if o.outcome == "released" and key in child.overtaken:
-                        # a stale copy skipped: the job was sent again and the
-                        # copy reported after this one is the real attempt
-                        left = child.overtaken.pop(key) - 1
-                        if left:
-                            child.overtaken[key] = left
-                        continue
-                    outcomes.append(Finished(o, held.pop(key, None) or child.taken_back.pop(key, None)))
-                child.inflight = list(held.values())
-                if not child.inflight:
-                    child.refill_wanted = False  # idle: the planner hands it out again
-                    child.shortest_timeout = None
-                    child.lowest_priority = 0
-                child.tasks_done += sum(1 for o in reported if o.outcome != "released")
             elif tag == READY:
                 child.ready = True
             elif tag == LOW:
@@ -314,6 +197,32 @@ class Children:
             else:
                 log.warning("child %d sent an unknown message %r", child.pid, tag)
         return outcomes, others
+
+    @staticmethod
+    def _reported(child: ChildHandle, reported: Sequence[Outcome]) -> List[Finished]:
+        """Pair a child's outcomes with the jobs on its books, by job and
+        lease: a job taken back can come back to this child under a new
+        lease before the child reports the old copy, and that report must
+        not end the new attempt."""
+        finished: List[Finished] = []
+        held = {(job.id, job.lease): job for job in child.inflight}
+        for o in reported:
+            key = (o.job_id, o.lease)
+            if o.outcome == RELEASED and key in child.overtaken:
+                # a copy it skipped: the job was sent again behind an urgent
+                # one, and the copy reported after this one is the real attempt
+                left = child.overtaken.pop(key) - 1
+                if left:
+                    child.overtaken[key] = left
+                continue
+            finished.append(Finished(o, held.pop(key, None) or child.taken_back.pop(key, None)))
+        child.inflight = list(held.values())
+        if not child.inflight:
+            child.refill_wanted = False  # idle: the planner hands it out again
+            child.shortest_timeout = None
+            child.lowest_priority = 0
+        child.tasks_done += sum(1 for o in reported if o.outcome != RELEASED)
+        return finished
 
     def reply(self, child: ChildHandle, message: tuple) -> None:
         self._post(child, message)
@@ -332,16 +241,15 @@ class Children:
                 job = next((j for j in child.inflight if j.id == job_id), None)
                 if job is not None and job.timeout_s and now - started > job.timeout_s:
                     checked.timed_out += 1
-                    self.kill(child, "timeout", f"timed out after {job.timeout_s:g}s: "
-                                                "the child running it was killed")
+                    self.kill(child, TIMEOUT, f"timed out after {job.timeout_s:g}s: "
+                                              "the child running it was killed")
                     continue
-                if now - started > child.patience and child.inflight[-1].id != job_id:
+                if now - started > TAKE_BACK_AFTER_S and child.inflight[-1].id != job_id:
                     checked.released.extend(self.take_back(child, f"job {job_id} runs long"))
             if child.cancel_deadline is not None and now >= child.cancel_deadline:
                 child.cancel_deadline = None
                 if job_id and child.status.cancel_requested_for(job_id):
-                    self.kill(child, "released", "cancelled: the handler did not stop "
-                                                 "within the grace period")
+                    self.kill(child, RELEASED, "cancelled: the handler did not stop within the grace period")
         return checked
 
     def next_check(self, now: float) -> float:
@@ -360,9 +268,9 @@ class Children:
                 if running is not None and running.timeout_s:
                     due = min(due, started + running.timeout_s)
             if job_id and child.inflight[-1].id != job_id:  # jobs queued behind the running one
-                due = min(due, started + child.patience)
+                due = min(due, started + TAKE_BACK_AFTER_S)
             elif not job_id and len(child.inflight) > 1:     # between jobs: the next starts from now
-                due = min(due, now + child.patience)
+                due = min(due, now + TAKE_BACK_AFTER_S)
             if child.cancel_deadline is not None:
                 due = min(due, child.cancel_deadline)
         # Overdue: acted on right after this wait; should acting fail (a
@@ -371,19 +279,15 @@ class Children:
 
     def take_back(self, child: ChildHandle, why: str) -> Released:
         """Take back the jobs queued in a child that have not started (behind
-        a job that runs long, or at shutdown). The child skips them; a job
-        it already started stays."""
+        a job that runs long, or at shutdown): they go back to their queue.
+        The child skips them; a job it already started stays."""
         released = Released()
         if not child.inflight:
             return released
-        first = child.status.take_back(child.inflight[0].position, child.next_position)
-        if first is None:
-            return released
-        stolen = [job for job in child.inflight if job.position >= first]
-        child.inflight = [job for job in child.inflight if job.position < first]
+        stolen = self._take_back_queued(child, child.inflight[0].position, 0.05)
         child.refill_wanted = False
         child.taken_back.update(((job.id, job.lease), job) for job in stolen)
-        released.outcomes.extend(Outcome(job.id, job.lease, "released") for job in stolen)
+        released.outcomes.extend(Outcome(job.id, job.lease, RELEASED) for job in stolen)
         released.queues.update(job.queue for job in stolen)
         if stolen:
             log.debug("took back %d queued job(s) from child %d (%s)", len(stolen), child.pid, why)
@@ -472,13 +376,10 @@ class Children:
         running_id, _ = child.running_job()
         for job in child.inflight:
             if job.id == running_id:
-                if child.kill_reason is not None:
-                    outcome, error = child.kill_reason
-                else:
-                    outcome, error = "crash", cause
+                outcome, error = child.kill_reason or (CRASH, cause)
                 outcomes.append(Finished(Outcome(job.id, job.lease, outcome, error=error), job))
             else:
-                outcomes.append(Finished(Outcome(job.id, job.lease, "released"), job))
+                outcomes.append(Finished(Outcome(job.id, job.lease, RELEASED), job))
         child.inflight = []
         self._close(child)
         del self.by_slot[child.slot]

@@ -16,6 +16,7 @@ import math
 import random
 from typing import Any, Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Set, Tuple
 
+from . import ownership
 from ..core.config import QueueConfig
 
 
@@ -82,6 +83,7 @@ def _largest_remainder(shares: Mapping[str, float], total: int, caps: Mapping[st
     return result
 
 
+@ownership.owned
 class Stride:
     """Weighted turns that last from one plan to the next (stride
     scheduling): each queue has a pass that grows by cost/weight with every

@@ -82,6 +82,17 @@ def _args_rejected(task: Task, ctx: Optional[JobContext], args: Dict[str, Any]) 
     return None
 
 
+def _failure(task: Task, exc: BaseException) -> tuple:
+    """(outcome, error, traceback) of a handler that raised: `failed` (retried
+    while attempts remain), or `fatal` when the task's retry policy gives up
+    on this exception. Called inside the except block (for the traceback)."""
+    error, trace = _error_text(exc), _traceback_text()
+    reason = task.retry.gives_up(exc) if task.retry is not None else None
+    if reason:
+        return "fatal", f"{error} (not retried: {reason})", trace
+    return "failed", error, trace
+
+
 @attempt_span  # in an OpenTelemetry span when the package is there
 def run(job: ClaimedJob, channel: Channel, *, result_max_bytes: int = 1024 * 1024) -> Outcome:
     """Run the job's handler once; never raises (except BaseExceptions that
@@ -127,9 +138,11 @@ def run(job: ClaimedJob, channel: Channel, *, result_max_bytes: int = 1024 * 102
         rejected = _args_rejected(task, ctx if task.pass_context else None, args)
         if rejected:
             return finish("fatal", error=rejected)
-        return finish("failed", error=_error_text(exc), traceback=_traceback_text())
+        outcome, error, trace = _failure(task, exc)
+        return finish(outcome, error=error, traceback=trace)
     except (Exception, SystemExit) as exc:
-        return finish("failed", error=_error_text(exc), traceback=_traceback_text())
+        outcome, error, trace = _failure(task, exc)
+        return finish(outcome, error=error, traceback=trace)
     finally:
         reset_current(token)
     if isinstance(value, WaitForCallback):

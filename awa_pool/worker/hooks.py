@@ -15,13 +15,12 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .inflight import Finished
+from .outcomes import KILLED, RELEASED
 
 log = logging.getLogger(__name__)
 
 HOOK_EVENTS = ("started", "stopping", "outcome")
 REPEAT_LOG_S = 60.0
-# Outcomes of a child killed before it could report: no wall or CPU time.
-KILLED = frozenset({"crash", "timeout", "interrupted"})
 
 
 @dataclass(frozen=True)
@@ -110,7 +109,7 @@ class PoolHooks:
 
     def _on_outcome(self, finished: Finished) -> None:
         outcome, job = finished.outcome, finished.job
-        if job is None or outcome.outcome == "released":
+        if job is None or outcome.outcome == RELEASED:
             return
         measured = outcome.outcome not in KILLED
         self._call("outcome", OutcomeEvent(

@@ -1,5 +1,6 @@
-"""What the supervisor knows of a job it handed to a child (InFlight), and
-an outcome paired with that record (Finished).
+"""What the supervisor knows of a job it handed to a child (InFlight), an
+outcome paired with that record (Finished), and what comes back from the
+children's table for the supervisor to route (Released, Checked, Reaped).
 
 Children alone creates and updates these; the supervisor and its hooks
 (metrics, Pool's on_outcome) only read them, so an outcome's kind, queue
@@ -8,8 +9,8 @@ map kept elsewhere.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from dataclasses import dataclass, field
+from typing import List, NamedTuple, Optional, Set, Tuple
 
 from .protocol import ClaimedJob, Outcome
 
@@ -36,3 +37,37 @@ class Finished(NamedTuple):
 
     outcome: Outcome
     job: Optional[InFlight]
+
+
+@dataclass
+class Released:
+    """Jobs handed back unstarted (outcome "released"): the completer puts
+    them back in their queues, which the claimer should look at again."""
+
+    outcomes: List[Outcome] = field(default_factory=list)
+    queues: Set[str] = field(default_factory=set)
+
+    def extend(self, other: "Released") -> None:
+        self.outcomes.extend(other.outcomes)
+        self.queues |= other.queues
+
+
+@dataclass
+class Checked:
+    """What one deadline check did: children killed for a timeout, jobs
+    taken back from behind long runners."""
+
+    timed_out: int = 0
+    released: Released = field(default_factory=Released)
+
+
+@dataclass
+class Reaped:
+    """A dead child's last word: outcomes it sent before dying plus one for
+    each job it still held, its exit code and the death in words."""
+
+    outcomes: List[Finished]
+    exitcode: Optional[int]
+    cause: str
+    expected: bool              # it exited after being asked to stop
+    kill_reason: Optional[Tuple[str, str]]

@@ -4,7 +4,9 @@ connection terminated), the lock is free and another supervisor takes it
 within a second; a leader whose connection fails stops maintenance at once.
 
 Runs in a thread of the supervisor, so slow maintenance never delays
-claiming. The thread touches only its own connection.
+claiming. The thread touches only its own connection, on which it also
+holds the second of its supervisor's liveness locks (liveness.py); a
+supervisor that must not lead (`campaign=False`) runs it for that alone.
 """
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ import psycopg2
 import psycopg2.errors
 import psycopg2.extensions
 
-from ..core.db import LOCK_CLASS, LOCK_LEADER, close_quietly, connect, first_line, is_connection_error
+from ..core.db import LOCK_CLASS, LOCK_LEADER, close_quietly, connect, first_line, is_connection_error, session_name
 from ..core.errors import DatabaseUnavailable
 from .maintenance import Maintenance
 from ..core.sql import QUERIES
+from .liveness import LivenessLock
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +33,11 @@ DEPOSE_CHECK_S = 2.0   # how often a follower checks whether the leader froze
 
 class Leader:
     def __init__(self, url: str, supervisor_id: int, maintenance: Maintenance,
-                 on_change: Optional[Callable[[bool], None]] = None, stale_after_s: float = 10.0) -> None:
+                 on_change: Optional[Callable[[bool], None]] = None, stale_after_s: float = 10.0,
+                 campaign: bool = True) -> None:
         self.url = url
+        self.campaign = campaign
+        self.liveness = LivenessLock()
         self.supervisor_id = supervisor_id
         self.maintenance = maintenance
         self.on_change = on_change
@@ -76,18 +82,23 @@ class Leader:
         self._set_leader(False)
 
     def _run(self) -> None:
+        failures = 0   # in a row: the session holds a liveness lock, so the first retry is quick
         while not self._stop.is_set():
             wait = CAMPAIGN_INTERVAL_S
             try:
                 wait = self.step()
+                failures = 0
             except (psycopg2.Error, DatabaseUnavailable) as exc:
                 if self.conn is not None and not self.conn.closed and not is_connection_error(exc):
                     # a lock or statement timeout: the session (and the lock) live on
                     log.warning("leader pass failed: %s", first_line(exc))
+                    wait = 1.0
                 else:
-                    log.warning("leader connection failed: %s", first_line(exc))
+                    if not failures:
+                        log.warning("leader connection failed: %s", first_line(exc))
                     self._drop_connection()
-                wait = 1.0
+                    wait = min(1.0, 0.05 * 2 ** failures)
+                    failures += 1
             except Exception:  # a bug in a service must not kill the thread silently
                 log.exception("maintenance failed")
                 wait = 1.0
@@ -115,10 +126,17 @@ class Leader:
         """One pass: connect, campaign or run due maintenance. Returns how long
         to wait before the next pass."""
         if self.conn is None or self.conn.closed:
-            self.conn = connect(self.url, autocommit=True, connect_timeout=5)
+            self.conn = connect(self.url, autocommit=True, connect_timeout=5,
+                                application_name=session_name("leader", self.supervisor_id))
             with self.conn.cursor() as cur:
                 cur.execute(QUERIES["maintenance_session"])
             self.maintenance.forget()  # a new session, maybe a new server: start looking afresh
+        if not self.liveness.held_on(self.conn):
+            self.liveness.take(self.conn, self.supervisor_id)
+        if not self.campaign:
+            with self.conn.cursor() as cur:   # a ping: a session that ended is noticed, and reopened
+                cur.execute(QUERIES["backend_pid"])
+            return CAMPAIGN_INTERVAL_S
         with self.conn.cursor() as cur:
             if not self._is_leader:
                 cur.execute(QUERIES["try_leader_lock"], {"class": LOCK_CLASS, "key": LOCK_LEADER})

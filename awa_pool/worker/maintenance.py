@@ -87,17 +87,45 @@ class PromoteDue(Service):
                 return total
 
 
-class RescueLost(Service):
-    """Running jobs of supervisors that stopped heartbeating go back to the queue."""
+class QuietAfterOutage:
+    """A rescue that judges other supervisors by time (a heartbeat's age, a
+    deadline) holds off for `quiet_s` after the leader's session came back
+    from a loss: while the leader could not reach the server, neither could
+    the others, and they need that long to reconnect, heartbeat and write
+    the outcomes they kept (SPEC §5: a rescue never takes a live
+    supervisor's jobs). Its first session is not a return."""
+
+    quiet_s = 0.0
+
+    def __init__(self) -> None:
+        self.sessions = 0
+        self.quiet_until = 0.0
+
+    def forget(self) -> None:
+        self.sessions += 1
+        if self.sessions > 1:
+            self.quiet_until = time.monotonic() + self.quiet_s
+
+    def quiet(self) -> bool:
+        return time.monotonic() < self.quiet_until
+
+
+class RescueLost(QuietAfterOutage, Service):
+    """Running jobs of supervisors that stopped heartbeating go back to the
+    queue; never those of the leader's own supervisor (`spare`)."""
 
     name = "rescue_lost"
     interval = 1.0
 
-    def __init__(self, stale_s: float) -> None:
-        self.stale_s = stale_s
+    def __init__(self, stale_s: float, spare: Optional[int] = None) -> None:
+        super().__init__()
+        self.stale_s = self.quiet_s = stale_s
+        self.spare = spare
 
     def tick(self, cur: Any) -> int:
-        cur.execute(QUERIES["rescue_lost"], {"stale_s": self.stale_s, "limit": 500})
+        if self.quiet():
+            return 0
+        cur.execute(QUERIES["rescue_lost"], {"stale_s": self.stale_s, "limit": 500, "spare": self.spare})
         rows = cur.fetchall()
         for job_id, state in rows:
             log.warning("rescued job %d from a lost supervisor (now %s)", job_id, state)
@@ -105,15 +133,15 @@ class RescueLost(Service):
 
 
 class RescueDead(Service):
-    """Running jobs of a supervisor whose session ended (killed, crashed, out
-    of memory) go back at once, without waiting for its heartbeat to go
-    stale (see liveness.py)."""
+    """Running jobs of a supervisor whose sessions all ended (killed,
+    crashed, out of memory) go back at once, without waiting for its
+    heartbeat to go stale (see liveness.py)."""
 
     name = "rescue_dead"
     interval = 0.25
 
-    def __init__(self) -> None:
-        self.supervisors = DeadSupervisors()
+    def __init__(self, spare: Optional[int] = None) -> None:
+        self.supervisors = DeadSupervisors(spare)
 
     def tick(self, cur: Any) -> int:
         return len(self.supervisors.rescue(cur))
@@ -125,7 +153,7 @@ class RescueDead(Service):
         self.supervisors.forget()
 
 
-class RescueDeadlines(Service):
+class RescueDeadlines(QuietAfterOutage, Service):
     """Backstop: attempts long past their deadline whose supervisor is alive
     but did not stop them."""
 
@@ -133,9 +161,12 @@ class RescueDeadlines(Service):
     interval = 5.0
 
     def __init__(self, grace_s: float = DEFAULT_DEADLINE_GRACE_S) -> None:
-        self.grace_s = grace_s
+        super().__init__()
+        self.grace_s = self.quiet_s = grace_s
 
     def tick(self, cur: Any) -> int:
+        if self.quiet():
+            return 0
         cur.execute(QUERIES["rescue_deadlines"], {"grace_s": self.grace_s, "limit": 500})
         rows = cur.fetchall()
         for job_id, state in rows:
@@ -155,6 +186,29 @@ class ExpireCallbacks(Service):
         for job_id, state in rows:
             log.info("callback of job %d timed out (now %s)", job_id, state)
         return len(rows)
+
+
+class ExpireJobs(Service):
+    """Jobs past their expires_at that never started are cancelled with
+    reason "expired" (awa.claim already skips them). `expired` counts them
+    by (queue, kind) for the metrics."""
+
+    name = "expire_jobs"
+    interval = 1.0
+
+    def __init__(self, batch: int = BATCH) -> None:
+        self.batch = batch
+        self.expired: Dict[Tuple[str, str], int] = {}
+
+    def tick(self, cur: Any) -> int:
+        cur.execute(QUERIES["expire_jobs"], {"limit": self.batch})
+        total = 0
+        for queue, kind, jobs in cur.fetchall():
+            self.expired[(queue, kind)] = self.expired.get((queue, kind), 0) + jobs
+            total += jobs
+            log.info("expired %d %s job(s) of queue %s before they started", jobs, kind, queue)
+        self.more = total >= self.batch
+        return total
 
 
 class ForgetSupervisors(Service):
@@ -393,7 +447,17 @@ class Maintenance:
 
 def default_services(*, heartbeat_staleness: float, deadline_grace: float = DEFAULT_DEADLINE_GRACE_S,
                      retention_completed: float = DEFAULT_RETENTION_COMPLETED_S,
-                     retention_failed: float = DEFAULT_RETENTION_FAILED_S) -> List[Service]:
-    return [PromoteDue(), RescueDead(), RescueLost(heartbeat_staleness), RescueDeadlines(deadline_grace),
-            ExpireCallbacks(), ForgetSupervisors(), FireCron(),
+                     retention_failed: float = DEFAULT_RETENTION_FAILED_S,
+                     supervisor_id: Optional[int] = None) -> List[Service]:
+    """The leader's services; `supervisor_id`: the leader's own supervisor,
+    which no rescue takes jobs from."""
+    return [PromoteDue(), RescueDead(supervisor_id), RescueLost(heartbeat_staleness, supervisor_id),
+            RescueDeadlines(deadline_grace), ExpireCallbacks(), ExpireJobs(), ForgetSupervisors(), FireCron(),
             Retention(retention_completed, retention_failed), VacuumQueueTables(), LiveCensus()]
+
+
+def services_for(config: Any, supervisor_id: Optional[int]) -> List[Service]:
+    """The services of a supervisor's leader thread, from its PoolConfig."""
+    return default_services(heartbeat_staleness=config.heartbeat_staleness, deadline_grace=config.deadline_grace,
+                            retention_completed=config.retention_completed,
+                            retention_failed=config.retention_failed, supervisor_id=supervisor_id)

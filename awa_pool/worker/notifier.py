@@ -13,7 +13,7 @@ from typing import Any, Callable, List, NamedTuple, Optional, Set, Tuple
 import psycopg2
 import psycopg2.extensions
 
-from ..core.db import close_quietly, connect
+from ..core.db import close_quietly, connect, session_name
 from ..core.sql import QUERIES
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ class Notes(NamedTuple):
 class Notifier:
     def __init__(self, url: str) -> None:
         self.url = url
+        self.application_name = session_name("listen")   # the supervisor's id joins it once registered
         self.conn: Optional[psycopg2.extensions.connection] = None
 
     def open(self, first: Optional[Callable[[Any], Any]] = None) -> None:
@@ -42,7 +43,7 @@ class Notifier:
         the LISTEN (the supervisor takes its liveness lock there), so that
         the LISTEN stays the session's last statement, which is how
         operators and scripts/chaos.py recognize it in pg_stat_activity."""
-        conn = connect(self.url, autocommit=True, connect_timeout=5)
+        conn = connect(self.url, autocommit=True, connect_timeout=5, application_name=self.application_name)
         try:
             if first is not None:
                 first(conn)

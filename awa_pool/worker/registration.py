@@ -16,6 +16,8 @@ from typing import Any, Dict, Iterable, Tuple
 import psycopg2
 
 from ..core.config import QueueConfig
+from ..core.db import session_name
+from ..core.errors import ConfigError
 from ..api.migrate import require_current
 from ..api.periodic_admin import register_schedules
 from ..core.sql import QUERIES
@@ -41,11 +43,12 @@ def register(conn: Any, queues: Dict[str, QueueConfig], workers: int, pid: int, 
                                             "queues": sorted(queues), "workers": workers})
         # The registration above committed synchronously (its id seeds every
         # lease this supervisor hands out); from here on the session's writes
-        # need not wait for fsync (see worker_session). Through a transaction
+        # need not wait for fsync and each is bounded (loop_session). Through a transaction
         # pooler that SET would stay behind on a server session other clients
         # share (their commits would go asynchronous): commits stay synchronous.
         if session_settings:
-            cur.execute(QUERIES["worker_session"])
+            cur.execute(QUERIES["loop_session"])
+            cur.execute(QUERIES["name_session"], {"name": session_name("main", supervisor_id)})
         for name, queue in queues.items():
             cur.execute(QUERIES["configure_queue"], {"name": name, "dlq": queue.dlq, "rate": queue.rate})
         tasks = sorted(all_tasks().values(), key=lambda declared: declared.kind)
@@ -55,6 +58,18 @@ def register(conn: Any, queues: Dict[str, QueueConfig], workers: int, pid: int, 
     with conn.cursor() as cur:
         shards, paused = read_queue_settings(cur, queues)
     return Registration(supervisor_id, shards, paused)
+
+
+def served_queues(configured: Dict[str, QueueConfig]) -> Dict[str, QueueConfig]:
+    """The queues a supervisor serves: those of its --queue specs, else
+    every queue its registered tasks name."""
+    queues = dict(configured)
+    if not queues:
+        for declared in all_tasks().values():
+            queues.setdefault(declared.queue, QueueConfig())
+    if not queues:
+        raise ConfigError("nothing to serve: no --queue given and the app registers no tasks")
+    return queues
 
 
 def read_queue_settings(cur: Any, queues: Iterable[str]) -> Tuple[Dict[str, int], Dict[str, bool]]:

@@ -1,9 +1,10 @@
 """The supervisor's own database connections: the main one (claims,
-requests, heartbeats, settings) and the LISTEN one, which also holds the
-supervisor's liveness lock (liveness.py).
+requests, heartbeats, settings) and the LISTEN one, which also holds one of
+the supervisor's two liveness locks (liveness.py).
 
-It runs statements, notices when the database went away, and reconnects
-with backoff while the children keep running. Start-up (connect, register,
+It runs statements (each published in the loop's `LoopTurn` while it
+waits, for the watchdog), notices when the database went away, and
+reconnects with backoff while the children keep running. Start-up (connect, register,
 LISTEN) is retried as a whole until the connect timeout, so the database may
 go away at any point of a supervisor's life. The supervisor owns the loop
 and decides what a loss or a return means for its jobs (the callbacks).
@@ -17,20 +18,21 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from contextlib import nullcontext
-from typing import Any, Callable, ContextManager, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import psycopg2
 import psycopg2.extensions
 from tenacity import RetryCallState, wait_exponential, wait_random
 
 from ..core.config import PoolConfig, QueueConfig
-from ..core.db import close_quietly, connect, first_line, is_connection_error, is_transient, socket_of
+from ..core.db import (close_quietly, connect, first_line, is_connection_error, is_transient, session_name,
+                       socket_of)
 from ..core.errors import AwaError
 from .liveness import LivenessLock
 from .notifier import Notifier
 from .pooling import TRANSACTION_POOLER, classify
 from .registration import Registration, register
+from .watchdog import LoopTurn, Statement
 from ..core.sql import QUERIES
 
 log = logging.getLogger(__name__)
@@ -45,22 +47,15 @@ def _retry_state(attempt: int) -> RetryCallState:
     return state
 
 
-class _WaitingCursor(psycopg2.extensions.cursor):
-    """A cursor whose execute() runs inside its `waiting` context."""
-
-    waiting: Callable[[], ContextManager[Any]] = nullcontext
-
-    def execute(self, query: Any, vars: Any = None) -> Any:
-        with self.waiting():
-            return super().execute(query, vars)
-
-
 class Session:
     def __init__(self, config: PoolConfig, *, on_lost: Callable[[str], None],
-                 on_back: Callable[[float], None]) -> None:
+                 on_back: Callable[[float], None], on_listen: Callable[[bool], None] = lambda up: None,
+                 turn: Optional[LoopTurn] = None) -> None:
         self.config = config
-        self.on_lost = on_lost    # (error line): the connections are gone
-        self.on_back = on_back    # (outage seconds): both are back
+        self.turn = turn or LoopTurn()
+        self.on_lost = on_lost    # (error line): the main connection is gone
+        self.on_back = on_back    # (outage seconds): it is back
+        self.on_listen = on_listen   # (up): the LISTEN session went down, or came back
         self.conn: Optional[psycopg2.extensions.connection] = None
         self.notifier = Notifier(config.session_dsn or config.dsn)
         self.listen_ok = True
@@ -70,8 +65,9 @@ class Session:
         self.lost_at: Optional[float] = None
         self.reconnect_at = 0.0
         self.reconnect_attempts = 0
+        self.listen_at = 0.0           # the LISTEN session's own reconnects (it holds a liveness lock)
+        self.listen_attempts = 0
         self.backoff = wait_exponential(multiplier=0.2, max=5.0) + wait_random(0, 0.2)
-        self.waiting: Callable[[], ContextManager[Any]] = nullcontext
 
     @property
     def connected(self) -> bool:
@@ -87,16 +83,16 @@ class Session:
         deadline = time.monotonic() + self.config.connect_timeout
         for attempt in itertools.count(1):
             try:
-                # Commits stay synchronous on this connection: a claim or a
-                # callback registration lost in a server crash after its reply
-                # reached a child would hand the same lease out twice.
-                self.conn = connect(self.config.dsn, autocommit=True,
+                # Registration commits synchronously (the id seeds every
+                # lease); then the session's settings apply (loop_session).
+                self.conn = connect(self.config.dsn, autocommit=True, application_name=session_name("main"),
                                     retry_for=max(0.0, deadline - time.monotonic()),
                                     connect_timeout=max(1, int(min(10, self.config.connect_timeout or 1))))
                 self.pooled = classify(self.conn, self.config.dsn) == TRANSACTION_POOLER
                 registration = register(self.conn, queues, self.config.workers, pid,
                                         session_settings=not self.pooled)
                 self.supervisor_id = registration.supervisor_id
+                self.notifier.application_name = session_name("listen", self.supervisor_id)
                 self.listen_ok = self._listen()
                 break
             except psycopg2.Error as exc:
@@ -140,41 +136,42 @@ class Session:
             self.liveness.take(conn, self.supervisor_id)
 
     def check_liveness(self) -> None:
-        """From the loop: take the liveness lock again if a take failed (an
-        old session of ours held it past the wait). A lost connection starts
-        reconnecting."""
+        """From the loop: take the liveness lock again if a take failed. A
+        lost connection starts reconnecting."""
         if not (self.listen_ok and self.notifier.connected) or self.liveness.held_on(self.notifier.conn):
             return
         try:
             self._take_liveness(self.notifier.conn)
         except psycopg2.Error as exc:
             if is_connection_error(exc) or not self.notifier.connected or self.notifier.conn.closed:
-                self.lost(exc)
+                self.listen_lost(exc)
             else:
                 log.error("taking the liveness lock failed: %s", first_line(exc))
 
     # -- statements ------------------------------------------------------------
-    def run(self, fn: Callable[[Any], Any]) -> Any:
+    def run(self, fn: Callable[[Any], Any], what: str = "a statement") -> Any:
         """fn(cursor) on the main connection; errors propagate (a lost
-        connection also starts reconnecting). While a statement waits for
-        its reply, `waiting` is in force (the supervisor gives up its state
-        lock: UrgentLane)."""
-        if self.conn is None:
+        connection also starts reconnecting). While it waits, the statement
+        is in the loop's turn record, where the watchdog sees it."""
+        conn = self.conn
+        if conn is None:
             raise AwaError("the database is unreachable right now")
+        self.turn.statement = Statement(what, time.monotonic(), conn, conn.info.backend_pid)
         try:
-            with self.conn.cursor(cursor_factory=_WaitingCursor) as cur:
-                cur.waiting = self.waiting
+            with conn.cursor() as cur:
                 return fn(cur)
         except psycopg2.Error as exc:
-            if is_connection_error(exc) or self.conn.closed:
+            if is_connection_error(exc) or conn.closed:
                 self.lost(exc)
             raise
+        finally:
+            self.turn.statement = None
 
     def run_quietly(self, what: str, fn: Callable[[Any], Any]) -> Any:
         """fn(cursor); on any database error log it (or start reconnecting)
         and return None."""
         try:
-            return self.run(fn)
+            return self.run(fn, what)
         except AwaError:
             return None
         except psycopg2.Error as exc:
@@ -183,33 +180,50 @@ class Session:
             return None
 
     # -- losing and finding the database ---------------------------------------
+    # The two sessions come back on their own: the main one losing its
+    # connection must not drop the LISTEN session, which holds one of the
+    # supervisor's two liveness locks (while the other, the leader thread's,
+    # may be reconnecting too).
     def lost(self, exc: BaseException) -> None:
+        """The main connection failed."""
         first_loss = self.lost_at is None
         if first_loss:
             self.lost_at = time.monotonic()
             log.warning("lost the database connection (%s); retrying with backoff while children "
                         "keep running", first_line(exc))
-        self.close()
+        close_quietly(self.conn)
+        self.conn = None
         self.reconnect_attempts = 0
         self.reconnect_at = time.monotonic()
         if first_loss:
             self.on_lost(first_line(exc))
 
+    def listen_lost(self, exc: BaseException) -> None:
+        """The LISTEN session failed: it is opened again at once, then with backoff."""
+        if self.notifier.conn is not None:
+            log.info("the LISTEN session ended (%s); opening it again", first_line(exc))
+            self.on_listen(False)
+        self.notifier.close()
+        self.listen_attempts = 0
+        self.listen_at = time.monotonic()
+
     def maybe_reconnect(self, now: float) -> None:
-        if self.conn is not None or now < self.reconnect_at:
-            return
+        if self.conn is None and now >= self.reconnect_at:
+            self._reconnect_main(now)
+        if self.listen_ok and self.notifier.conn is None and now >= self.listen_at:
+            self._reopen_listen(now)
+
+    def _reconnect_main(self, now: float) -> None:
         self.reconnect_attempts += 1
         conn = None
         try:
-            conn = connect(self.config.dsn, autocommit=True, connect_timeout=RECONNECT_CONNECT_TIMEOUT_S)
+            conn = connect(self.config.dsn, autocommit=True, connect_timeout=RECONNECT_CONNECT_TIMEOUT_S,
+                           application_name=session_name("main", self.supervisor_id))
             if not self.pooled:
                 with conn.cursor() as cur:
-                    cur.execute(QUERIES["worker_session"])
-            if self.listen_ok:  # the lock before claiming again: the leader must see us alive
-                self.notifier.open(first=self._take_liveness)
+                    cur.execute(QUERIES["loop_session"])
         except (AwaError, psycopg2.Error) as exc:
             close_quietly(conn)
-            self.notifier.close()
             delay = self.backoff(_retry_state(self.reconnect_attempts))
             self.reconnect_at = now + delay
             log.debug("reconnect attempt %d failed (%s); next in %.1fs", self.reconnect_attempts,
@@ -220,6 +234,18 @@ class Session:
         self.lost_at = None
         log.info("reconnected to the database after %.1fs", outage)
         self.on_back(outage)
+
+    def _reopen_listen(self, now: float) -> None:
+        self.listen_attempts += 1
+        try:
+            self.notifier.open(first=self._take_liveness)
+        except (AwaError, psycopg2.Error) as exc:
+            self.notifier.close()
+            self.listen_at = now + self.backoff(_retry_state(self.listen_attempts))
+            log.debug("reopening the LISTEN session failed (attempt %d: %s)", self.listen_attempts,
+                      first_line(exc))
+            return
+        self.on_listen(True)
 
     def close(self) -> None:
         close_quietly(self.conn)

@@ -25,13 +25,15 @@ UPDATE awa.supervisors
 -- A leader frozen (SIGSTOP, a debugger, a paused VM) keeps its session and so
 -- the lock, while rescue, promotion and cron stand still. When the leader's
 -- supervisor has not heartbeated for stale_s, end its leader session: the
--- lock frees and a live supervisor takes over.
+-- lock frees and a live supervisor takes over. Counted from the server's
+-- start at the latest: after a restart no supervisor could heartbeat while
+-- the server was down (as awa.rescue_lost, migration 0026).
 SELECT pg_terminate_backend(s.leader_pid)
   FROM awa.supervisors s
   JOIN pg_locks l ON l.pid = s.leader_pid AND l.locktype = 'advisory' AND l.granted
                  AND l.classid = %(class)s::oid AND l.objid = %(key)s::oid AND l.objsubid = 2
  WHERE s.is_leader AND s.stopped_at IS NULL
-   AND s.heartbeat_at < now() - make_interval(secs => %(stale_s)s)
+   AND greatest(s.heartbeat_at, pg_postmaster_start_time()) < now() - make_interval(secs => %(stale_s)s)
 
 -- name: promote_due
 -- awa.promote_due is planned afresh on every call (0009), about 0.2 ms of
@@ -42,20 +44,21 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM awa.jobs_deferred d
             THEN awa.promote_due(%(limit)s) ELSE 0 END
 
 -- name: rescue_lost
-SELECT job_id, new_state::text FROM awa.rescue_lost(%(stale_s)s, %(limit)s)
+SELECT job_id, new_state::text FROM awa.rescue_lost(%(stale_s)s, %(limit)s, %(spare)s)
 
 -- name: liveness_states
--- Each live supervisor: is its liveness lock held (by any session of this
--- database: pg_locks shows the whole server's), and does it run jobs?
--- pg_locks is read once for all of them.
+-- Each live supervisor: how many sessions hold its liveness lock (any
+-- session of this database: pg_locks shows the whole server's), and does it
+-- run jobs? pg_locks is read once for all of them.
 WITH held AS MATERIALIZED (
-    SELECT l.objid::bigint AS key
+    SELECT l.objid::bigint AS key, count(*) AS sessions
       FROM pg_locks l
      WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %(class)s::oid AND l.objsubid = 2
        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+     GROUP BY l.objid
 )
 SELECT s.id,
-       (s.id %% 2147483648) IN (SELECT key FROM held),
+       coalesce((SELECT h.sessions FROM held h WHERE h.key = s.id %% 2147483648), 0)::int,
        EXISTS (SELECT 1 FROM awa.jobs_hot h WHERE h.state = 'running' AND h.supervisor_id = s.id)
   FROM awa.supervisors s
  WHERE s.stopped_at IS NULL
@@ -76,6 +79,16 @@ DELETE FROM awa.supervisors s
 
 -- name: expire_callbacks
 SELECT job_id, new_state::text FROM awa.expire_callbacks(%(limit)s)
+
+-- name: expire_jobs
+-- Jobs past their expiry that never started, cancelled: (queue, kind, jobs).
+-- One probe of each partial index first: an idle leader does not call the
+-- function (the WHERE is a one-time filter ahead of the function scan).
+SELECT e.queue, e.kind, e.jobs
+  FROM awa.expire_jobs(%(limit)s) e
+ WHERE EXISTS (SELECT 1 FROM awa.jobs_hot h WHERE h.state = 'available' AND h.expires_at <= now())
+    OR EXISTS (SELECT 1 FROM awa.jobs_deferred d
+                WHERE d.state IN ('scheduled', 'retryable') AND d.expires_at <= now())
 
 -- name: queue_table_dead_tuples
 -- The counter itself, not pg_stat_user_tables: that view reads every

@@ -12,12 +12,33 @@
 -- callback (awa.register_callback).
 SET synchronous_commit = off
 
+-- name: loop_session
+-- The supervisor's main session: what worker_session says, and bounds on
+-- every statement the loop waits on (claims, heartbeats, requests; each
+-- takes milliseconds): a lock or a stuck server must not freeze the loop
+-- that reaps children and enforces timeouts (SPEC §5). A stricter bound an
+-- operator set for the role or database stays. Behind a transaction
+-- pooler, where no SET holds, and when no server answers, the watchdog's
+-- cut of the connection is the bound (watchdog.py).
+SET synchronous_commit = off;
+SELECT set_config('lock_timeout', '2s', false)
+ WHERE (SELECT setting::int FROM pg_settings WHERE name = 'lock_timeout') NOT BETWEEN 1 AND 2000;
+SELECT set_config('statement_timeout', '5s', false)
+ WHERE (SELECT setting::int FROM pg_settings WHERE name = 'statement_timeout') NOT BETWEEN 1 AND 5000
+
+-- name: name_session
+-- Which supervisor the main session belongs to, once it has registered
+-- (application_name "awa-pool/<id> main"; the others are named at connect).
+SET application_name = %(name)s
+
+-- name: backend_wait
+-- What a backend is doing, read by the watchdog on its own connection when
+-- the loop's turn has taken too long.
+SELECT state, wait_event_type, wait_event, extract(epoch FROM now() - query_start)::float8
+  FROM pg_stat_activity WHERE pid = %(pid)s
+
 -- name: listen
 LISTEN awa_jobs; LISTEN awa_urgent; LISTEN awa_cancel
-
--- name: listen_urgent
--- The urgent lane's own session (UrgentLane): new priority-1 jobs only.
-LISTEN awa_urgent
 
 -- name: probe_notify
 -- An empty payload on the jobs channel: proves LISTEN works on this path.
@@ -141,22 +162,11 @@ SELECT DISTINCT queue FROM awa.jobs_hot WHERE state = 'available' ORDER BY queue
 SELECT pg_backend_pid()
 
 -- name: take_liveness_lock
--- A session-level lock keyed by this supervisor's id, held on its LISTEN
--- session for as long as the supervisor lives: when it is free, the leader
--- rescues the supervisor's jobs at once (see liveness.py). The key is the id
--- folded into the lock's 31-bit second half.
-SELECT pg_try_advisory_lock(%(class)s, (%(id)s::bigint %% 2147483648)::int)
-
--- name: end_stale_liveness_session
--- An older session of this same supervisor still holds its lock: that
--- connection died in a network partition and the server has not noticed.
-SELECT pg_terminate_backend(l.pid)
-  FROM pg_locks l
- WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %(class)s::oid
-   AND l.objid = (%(id)s::bigint %% 2147483648)::oid AND l.objsubid = 2
-   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-   AND l.pid <> pg_backend_pid()
-
--- name: wait_liveness_lock
--- After ending the stale session: its lock is released as it exits.
-SET lock_timeout = '2s'; SELECT pg_advisory_lock(%(class)s, (%(id)s::bigint %% 2147483648)::int)
+-- A session-level lock keyed by this supervisor's id, held in shared mode
+-- on two of its sessions (the LISTEN one and the leader thread's) for as
+-- long as the supervisor lives: the leader rescues the supervisor's jobs at
+-- once only when no session holds it (its process is gone, not one session
+-- ended: see liveness.py). Shared, so that a new session of the supervisor
+-- takes it beside an old one the server has not dropped yet. The key is the
+-- id folded into the lock's 31-bit second half.
+SELECT pg_try_advisory_lock_shared(%(class)s, (%(id)s::bigint %% 2147483648)::int)

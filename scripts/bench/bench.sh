@@ -40,10 +40,28 @@ if [ -n "${AWA_POOL_REF:-}" ]; then
   export AWA_POOL_SRC="$PWD/venvs/awa_pool-src"
   rm -rf venvs/awa_pool   # re-point the editable install at the snapshot
 fi
+# AWA_POOL_VARIANTS="awa_pool_base=<ref> awa_pool_same=<ref> awa_pool_x=<ref>+<patch>":
+# more awa_pool systems, each a `git archive` snapshot of its ref (with a
+# patch from variants/ applied, for a one-line experiment) in a venv of its
+# own, measured beside awa_pool in the same interleaved run: a bracketed A/B,
+# where a variant of the same commit as awa_pool is the run's control.
+for variant in ${AWA_POOL_VARIANTS:-}; do
+  vname="${variant%%=*}"; vspec="${variant#*=}"
+  vref="${vspec%%+*}"; vpatch=""; [ "$vspec" != "$vref" ] && vpatch="${vspec#*+}"
+  vsha="$(git -C ../.. rev-parse --verify "$vref^{commit}")"
+  rm -rf "venvs/$vname-src" "venvs/$vname" && mkdir -p "venvs/$vname-src"
+  git -C ../.. archive "$vsha" | tar -x -C "venvs/$vname-src"
+  [ -n "$vpatch" ] && patch -s -p1 -d "venvs/$vname-src" < "$vpatch"
+  echo "$vsha${vpatch:+ + $vpatch}" > "venvs/$vname-src/BENCH_SOURCE"
+  "$PY" -m venv "venvs/$vname"
+  "venvs/$vname/bin/pip" install -q -r requirements/awa_pool.txt
+  "venvs/$vname/bin/pip" install -q -e "venvs/$vname-src"
+  echo "venvs/$vname ready: $vref = $vsha"
+done
 IFS=, read -r -a names <<<"$SYSTEMS"
 venvs=()
 for s in "${names[@]}"; do
-  case "$s" in awa_sync) v=awa ;; sql_bare|process_pool) v=limit ;; *) v="$s" ;; esac
+  case "$s" in awa_sync) v=awa ;; sql_bare|process_pool) v=limit ;; awa_pool_*) continue ;; *) v="$s" ;; esac
   [[ " ${venvs[*]} " == *" $v "* ]] || venvs+=("$v")
 done
 ./setup_venvs.sh "${venvs[@]}"

@@ -10,12 +10,10 @@ import time
 
 import awa_pool
 
-LOG_DIR = os.environ.get("AWA_TEST_LOG_DIR")
-
-
 def record(kind: str, job_id: int, extra: str = "") -> None:
-    if LOG_DIR:
-        fd = os.open(os.path.join(LOG_DIR, f"exec-{os.getpid()}.log"),
+    log_dir = os.environ.get("AWA_TEST_LOG_DIR")   # read each time: in-process pools of several tests
+    if log_dir:
+        fd = os.open(os.path.join(log_dir, f"exec-{os.getpid()}.log"),
                      os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             os.write(fd, f"{kind} {job_id} {os.getpid()} {time.time():.6f} {extra}\n".encode())

@@ -13,13 +13,13 @@ import time
 import psycopg2
 
 import awa_pool
-from apps.basic import LOG_DIR, record
+from apps.basic import record
 
 GATE_TIMEOUT_S = 40.0
 
 
 def gate_path(name: str) -> str:
-    return os.path.join(LOG_DIR or ".", f"gate-{name}")
+    return os.path.join(os.environ.get("AWA_TEST_LOG_DIR") or ".", f"gate-{name}")
 
 
 def wait_gate(name: str, timeout: float = GATE_TIMEOUT_S) -> bool:

@@ -23,8 +23,9 @@ def test_transaction_mode_with_a_session_url_does_everything(lab_bench, tmp_path
     result = host_pooler.behind_pgbouncer(lab_bench, tmp_path, mode="transaction", session_url=True)
     assert result.states == EVERY_FEATURE, result
     assert result.listening == [True, True] and len(result.leaders) == 1, result
-    # two liveness locks and the leader lock, on the session URL's direct sessions
-    assert result.direct_locks == 3, result
+    # each supervisor's liveness lock on two sessions, and the leader lock, on
+    # the session URL's direct sessions
+    assert result.direct_locks == 5, result
     assert result.cron_ticks >= 2 and result.takeover_s is not None and result.takeover_s <= 3.0, result
     assert result.cancel_seen_s <= 1.0, result          # the cancel's NOTIFY, on the direct session
     assert result.warnings == [0, 0], result

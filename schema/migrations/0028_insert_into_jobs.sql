@@ -5,13 +5,15 @@
 -- to call awa.insert_job() one job per call. Now
 --
 --   INSERT INTO awa.jobs (kind, args, queue, priority, run_at, max_attempts,
---                         timeout_s, tags, metadata, ordering_key, unique_opts)
+--                         timeout_s, tags, metadata, ordering_key, retry_policy,
+--                         expires_at, unique_opts)
 --   VALUES (...), (...) RETURNING id
 --
 -- works for one row or many, and for INSERT ... SELECT: every row gets
 -- awa.insert_job's defaults, validation (a clear error naming the column;
--- one bad row fails the statement and inserts nothing), lane, unique key
--- (through awa.insert_job itself) and NOTIFY, and RETURNING id gives the
+-- one bad row fails the statement and inserts nothing; a retry policy is
+-- checked by awa.check_retry_policy), lane, unique key (through
+-- awa.insert_job itself) and NOTIFY, and RETURNING id gives the
 -- new job's id, or for a unique duplicate the existing job's.
 --
 -- How, and why this way: an INSTEAD OF trigger on the view would run once
@@ -34,9 +36,9 @@
 -- 1. The view gains unique_opts: insert_job's unique options, write-only
 -- (reads show NULL; a job's key is in unique_key).
 CREATE OR REPLACE VIEW awa.jobs AS
-    SELECT *, NULL::smallint AS segment, NULL::jsonb AS unique_opts FROM awa.jobs_hot
+    SELECT *, NULL::jsonb AS unique_opts FROM awa.jobs_hot
     UNION ALL
-    SELECT *, NULL::smallint AS segment, NULL::jsonb AS unique_opts FROM awa.jobs_deferred
+    SELECT *, NULL::jsonb AS unique_opts FROM awa.jobs_deferred
     UNION ALL
     SELECT *, NULL::jsonb AS unique_opts FROM awa.jobs_done;
 
@@ -53,6 +55,8 @@ CREATE UNLOGGED TABLE awa.jobs_inbox (
     tags          text[],
     metadata      jsonb,
     ordering_key  text,
+    retry_policy  jsonb,
+    expires_at    timestamptz,
     unique_opts   jsonb,
     -- how many of the columns awa_pool sets itself (id, state, attempt...) the INSERT gave
     foreign_cols  integer  NOT NULL DEFAULT 0,
@@ -108,7 +112,8 @@ RETURNS text LANGUAGE sql STABLE AS $$
     SELECT CASE
         WHEN p_foreign_cols > 0 THEN
             'only kind, args, queue, priority, run_at, max_attempts, timeout_s, tags, metadata, '
-            'ordering_key and unique_opts can be given: awa_pool sets the other columns itself'
+            'ordering_key, retry_policy, expires_at and unique_opts can be given: awa_pool sets the '
+            'other columns itself'
         WHEN p_kind IS NULL OR p_kind = '' THEN 'kind is required (a non-empty text)'
         WHEN length(p_kind) > 200 THEN format('kind must be at most 200 characters, got %s', length(p_kind))
         WHEN p_queue = '' OR length(p_queue) > 200 THEN
@@ -150,7 +155,8 @@ BEGIN
     END IF;
     NEW.placed_id := awa.insert_job(NEW.kind, coalesce(NEW.args, '{}'), coalesce(NEW.queue, 'default'),
         coalesce(NEW.priority, 2), NEW.run_at, coalesce(NEW.max_attempts, 25), NEW.timeout_s,
-        coalesce(NEW.tags, '{}'), coalesce(NEW.metadata, '{}'), NEW.unique_opts, NEW.ordering_key);
+        coalesce(NEW.tags, '{}'), coalesce(NEW.metadata, '{}'), NEW.unique_opts, NEW.ordering_key,
+        NULL, false, NEW.expires_at, NEW.retry_policy);
     NEW.placed_state := awa.job_state_of(NEW.placed_id);
     RETURN NEW;
 END $$;
@@ -184,20 +190,22 @@ BEGIN
     -- one pass per table over the statement's rows (they have their ids:
     -- no sort, no materialized copy)
     INSERT INTO awa.jobs_hot (id, kind, queue, args, state, priority, run_at,
-        max_attempts, timeout_s, tags, metadata, lane, ordering_key)
+        max_attempts, timeout_s, tags, metadata, lane, ordering_key, retry_policy, expires_at)
     SELECT f.id, f.kind, coalesce(f.queue, 'default'), coalesce(f.args, '{}'), 'available',
            coalesce(f.priority, 2), coalesce(f.run_at, now()), coalesce(f.max_attempts, 25), f.timeout_s,
            coalesce(f.tags, '{}'), coalesce(f.metadata, '{}'), awa.lane_of(q.shards, f.ordering_key),
-           f.ordering_key
+           f.ordering_key, CASE WHEN f.retry_policy IS NOT NULL THEN awa.check_retry_policy(f.retry_policy) END,
+           f.expires_at
       FROM fresh f
       LEFT JOIN awa.queues q ON q.name = coalesce(f.queue, 'default')
      WHERE f.placed_id IS NULL AND (f.run_at IS NULL OR f.run_at <= now());
     INSERT INTO awa.jobs_deferred (id, kind, queue, args, state, priority, run_at,
-        max_attempts, timeout_s, tags, metadata, lane, ordering_key)
+        max_attempts, timeout_s, tags, metadata, lane, ordering_key, retry_policy, expires_at)
     SELECT f.id, f.kind, coalesce(f.queue, 'default'), coalesce(f.args, '{}'), 'scheduled',
            coalesce(f.priority, 2), f.run_at, coalesce(f.max_attempts, 25), f.timeout_s,
            coalesce(f.tags, '{}'), coalesce(f.metadata, '{}'), awa.lane_of(q.shards, f.ordering_key),
-           f.ordering_key
+           f.ordering_key, CASE WHEN f.retry_policy IS NOT NULL THEN awa.check_retry_policy(f.retry_policy) END,
+           f.expires_at
       FROM fresh f
       LEFT JOIN awa.queues q ON q.name = coalesce(f.queue, 'default')
      WHERE f.placed_id IS NULL AND f.run_at > now();
@@ -219,9 +227,10 @@ CREATE TRIGGER jobs_inbox_place AFTER INSERT ON awa.jobs_inbox
 -- defaults; the columns a new job does not have yet are NULL.
 CREATE RULE jobs_insert AS ON INSERT TO awa.jobs DO INSTEAD
     INSERT INTO awa.jobs_inbox (kind, args, queue, priority, run_at, max_attempts, timeout_s,
-                                tags, metadata, ordering_key, unique_opts, foreign_cols)
+                                tags, metadata, ordering_key, retry_policy, expires_at, unique_opts,
+                                foreign_cols)
     VALUES (NEW.kind, NEW.args, NEW.queue, NEW.priority, NEW.run_at, NEW.max_attempts, NEW.timeout_s,
-            NEW.tags, NEW.metadata, NEW.ordering_key, NEW.unique_opts,
+            NEW.tags, NEW.metadata, NEW.ordering_key, NEW.retry_policy, NEW.expires_at, NEW.unique_opts,
             num_nonnulls(NEW.id, NEW.state, NEW.created_at, NEW.attempt, NEW.lease, NEW.unique_key,
                          NEW.lane, NEW.batch_id, NEW.supervisor_id, NEW.attempted_at, NEW.deadline,
                          NEW.finalized_at, NEW.crashes, NEW.errors, NEW.attempt_log, NEW.wall_s,
@@ -237,7 +246,8 @@ CREATE RULE jobs_insert AS ON INSERT TO awa.jobs DO INSTEAD
         NULL::bytea, NULL::smallint, jobs_inbox.ordering_key, NULL::bigint, NULL::bigint,
         NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL::integer, NULL::jsonb,
         NULL::jsonb, NULL::real, NULL::real, NULL::bigint, NULL::jsonb, NULL::jsonb, NULL::uuid,
-        NULL::timestamptz, NULL::jsonb, NULL::boolean, NULL::smallint, jobs_inbox.unique_opts;
+        NULL::timestamptz, NULL::jsonb, NULL::boolean, NULL::smallint, jobs_inbox.retry_policy,
+        jobs_inbox.expires_at, jobs_inbox.unique_opts;
 
 -- 7. Privileges. Functions are not for PUBLIC (0008). A producer may insert
 -- the columns above (RETURNING id needs SELECT on id, which shows it the
@@ -255,10 +265,10 @@ BEGIN
     PERFORM awa.require_role(p_role);
     EXECUTE format('GRANT USAGE ON SCHEMA awa TO %I', p_role);
     EXECUTE format('GRANT EXECUTE ON FUNCTION awa.insert_job(text, jsonb, text, integer, timestamptz, '
-                   'integer, double precision, text[], jsonb, jsonb, text, bigint, boolean), '
-                   'awa.insert_jobs(jsonb, bigint), awa.insert_ready_jobs(jsonb, bigint), '
+                   'integer, double precision, text[], jsonb, jsonb, text, bigint, boolean, timestamptz, '
+                   'jsonb), awa.insert_jobs(jsonb, bigint), awa.insert_ready_jobs(jsonb, bigint), '
                    'awa.insert_uniform_jobs(text, text, integer, integer, double precision, jsonb, bigint, '
-                   'text[], jsonb) TO %I', p_role);
+                   'text[], jsonb, double precision, jsonb) TO %I', p_role);
     -- the guard on awa.batches asks this on the producer's behalf
     EXECUTE format('GRANT EXECUTE ON FUNCTION awa.is_follow_up(bigint, bigint) TO %I', p_role);
     -- the CLI checks the schema version before acting
@@ -268,7 +278,8 @@ BEGIN
     EXECUTE format('GRANT USAGE ON SEQUENCE awa.batches_id_seq TO %I', p_role);
     -- INSERT INTO awa.jobs ... RETURNING id
     EXECUTE format('GRANT INSERT (kind, args, queue, priority, run_at, max_attempts, timeout_s, tags, '
-                   'metadata, ordering_key, unique_opts), SELECT (id) ON awa.jobs TO %I', p_role);
+                   'metadata, ordering_key, retry_policy, expires_at, unique_opts), SELECT (id) '
+                   'ON awa.jobs TO %I', p_role);
     EXECUTE format('GRANT USAGE ON SEQUENCE awa.job_id_seq TO %I', p_role);
 END $$;
 
@@ -283,7 +294,8 @@ BEGIN
            AND a.privilege_type = 'INSERT' AND a.grantee <> 0
     LOOP
         EXECUTE format('GRANT INSERT (kind, args, queue, priority, run_at, max_attempts, timeout_s, tags, '
-                       'metadata, ordering_key, unique_opts), SELECT (id) ON awa.jobs TO %s', grantee);
+                       'metadata, ordering_key, retry_policy, expires_at, unique_opts), SELECT (id) '
+                       'ON awa.jobs TO %s', grantee);
         EXECUTE format('GRANT USAGE ON SEQUENCE awa.job_id_seq TO %s', grantee);
     END LOOP;
 END $$;
