@@ -115,3 +115,28 @@ def write_outputs(summary: Dict[str, Any], summary_json: Optional[str], work: Pa
         for probe in probes:
             handle.write(json.dumps({"kind": probe.kind, "since": probe.since, "detail": probe.detail,
                                      "outcome": probe.outcome, "seconds": probe.seconds}) + "\n")
+
+
+def seeds_table(paths: List[str]) -> str:
+    """A Markdown table of several runs' summaries (--summary-json files),
+    one row per seed, for docs/reliability.md."""
+    import json
+
+    rows = ["| seed | jobs (completed / failed as planned) | lost | stuck | duplicates (unexplained) "
+            "| rescued / crashed attempts | supervisor kill to recovered, p50 / max | violations |",
+            "|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        with open(path) as f:
+            s = json.load(f)
+        kill = s["recovery"].get("supervisor_kill", {})
+        rows.append(f"| {s['seed']} | {s['jobs']} ({s['states'].get('completed', 0)} / {s['failed_planned']}) "
+                    f"| {s['lost']} | {s['stuck']} | {s['duplicates']} ({s['unexplained_duplicates']}) "
+                    f"| {s['rescued_attempts']} / {s['crashed_attempts']} "
+                    f"| {kill.get('p50_s', '-')} / {kill.get('max_s', '-')} s | {len(s['violations'])} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(seeds_table(sys.argv[1:]))

@@ -1,9 +1,9 @@
 """Children of a loopless supervisor running apps.gates jobs: the test
 decides when each job may finish (its gate file) and reads the order they
 started in (test_overtake, test_take_back_pairing). The supervisor is
-started but not running, so its step() reads the children's pipes, reaps
-them and enforces their deadlines without claiming or handing out: the
-test does that."""
+started but not running, so its step() reads notifications, reaps
+children and enforces their deadlines without claiming or handing out:
+the test does that."""
 from __future__ import annotations
 
 import time
@@ -19,6 +19,16 @@ def _claim(sup: Supervisor, limit: int):
 
 def _urgency(sup: Supervisor):
     return sup.claimer.urgency("gates", time.time())
+
+
+HELD = 60.0   # the patience of jobs these tests hand out: they take back what they mean to themselves
+
+
+def _assign(sup: Supervisor, child, jobs, urgent: bool = True) -> None:
+    """Hand jobs to a child as the hand-out does (with their urgency, so a
+    more urgent batch overtakes), with a patience long enough that the
+    loop's own deadline check never takes back what the test queued."""
+    sup.children.assign(child, "gates", jobs, _urgency(sup) if urgent else None, HELD)
 
 
 class _Gates:
@@ -43,7 +53,10 @@ def _ready_child(sup: Supervisor):
     sup.events.watch_child(child)   # as the loop does for the children it forks
 
     def pump():
-        sup.step(0.01)  # one turn of the loop: the child's messages are read
+        # what the loop does with a child's messages (the whole turn would
+        # also enforce deadlines, and take back what these tests queue)
+        outcomes, _ = sup.children.read(child)
+        sup.completer.add([finished.outcome for finished in outcomes])
         return True
 
     wait_for(lambda: pump() and child.ready, timeout=30, message="the child to say it is ready")
@@ -56,6 +69,6 @@ def _running_a_then_two(sup: Supervisor, gates: _Gates, dsn: str, priority: int)
     ids = enqueue_jobs(dsn, [gates.job(held=True, priority=priority), gates.job(priority=priority),
                              gates.job(priority=priority)])
     child, pump = _ready_child(sup)
-    sup.children.assign(child, "gates", _claim(sup, 3), _urgency(sup))
+    _assign(sup, child, _claim(sup, 3))
     wait_for(lambda: pump() and child.running_job()[0] == ids[0], timeout=30, message="job A to start")
     return child, pump, tuple(ids)

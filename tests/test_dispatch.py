@@ -311,9 +311,9 @@ def test_jobs_queued_behind_a_long_job_are_taken_back(dsn, pools):
     (0.0001, 40),     # short jobs: about 4 ms of work per batch
     (0.00001, 64),    # ...up to max_batch_per_child
     (0.003, 2),       # batched jobs come at least two per batch, the next queued early
-    (0.008, 2),
-    (0.012, 1),       # jobs of 10 ms and more: one per free child, nothing queued behind them
-    (0.3, 1),
+    (0.025, 2),
+    (0.2, 2),         # W6's zlib jobs of 75-85 ms on a slow machine still get a next one queued
+    (0.3, 1),         # long jobs: one per free child, nothing queued behind them
 ])
 def test_claim_depth_follows_the_queue_s_job_time(job_s, depth) -> None:
     times = JobTimes()
@@ -358,11 +358,10 @@ def test_the_poll_asks_the_database_which_queues_have_jobs(dsn) -> None:
         conn.close()
 
 
-def test_long_jobs_are_claimed_for_free_children_carrying_the_outcome_that_freed_them(dsn, pools) -> None:
-    """20 ms jobs on two children: none is claimed before a child is free
-    to run it (nothing waits behind a running job while a core could run
-    it), and the claim that refills a child writes the success that freed
-    it: about one statement per job in all, claims and completions."""
+def test_jobs_of_20_ms_come_two_per_claim_with_the_next_one_queued(dsn, pools) -> None:
+    """20 ms jobs on two children: each child's batch is two, the next one
+    claimed when the first starts (so a child never waits for a claim), a
+    claim per two jobs, and every job runs once."""
     ids = enqueue_jobs(dsn, [Job("sleep", {"seconds": 0.02}) for _ in range(120)])
     supervisor = pools.start("--queue", "default", workers=2)
     wait_for(lambda: states(dsn) == {"completed": 120}, timeout=60, message="120 jobs of 20 ms")
@@ -370,7 +369,6 @@ def test_long_jobs_are_claimed_for_free_children_carrying_the_outcome_that_freed
     assert supervisor.wait(timeout=30) == 0
     (stats,), = query(dsn, "SELECT stats FROM awa.supervisors")
     counters = stats["counters"]
-    assert counters["claimed_jobs"] == 120 and counters.get("taken_back", 0) == 0, counters
-    assert counters["claims"] + counters["completion_flushes"] <= 1.25 * 120, counters
-    assert counters["completion_rides"] >= 0.6 * 120, counters
+    assert counters["claimed_jobs"] == 120, counters
+    assert counters["claims"] <= 0.6 * 120, counters
     assert query(dsn, "SELECT count(*) FROM awa.jobs WHERE id = ANY(%s) AND attempt = 1", (ids,)) == [(120,)]

@@ -9,7 +9,7 @@ import signal
 from datetime import datetime, timedelta, timezone
 
 from awa_pool import Job
-from gated_children import _claim, _Gates, _ready_child, _running_a_then_two, _urgency
+from gated_children import _assign, _claim, _Gates, _ready_child, _running_a_then_two
 from helpers import enqueue_jobs, job_row, wait_for
 
 
@@ -28,13 +28,13 @@ def test_an_urgent_job_runs_next_and_every_job_once_with_its_lease(loopless_supe
     first = _claim(sup, 3)
     assert [job.id for job in first] == [a_id, aged_id, fresh_id]
     leases = {job.id: job.lease for job in first}
-    sup.children.assign(child, "gates", first, _urgency(sup))
+    _assign(sup, child, first)
     wait_for(lambda: pump() and child.running_job()[0] == a_id, timeout=30, message="job A to start")
 
     # A refill of equal urgency queues behind: nothing is taken back.
     (same_id,) = enqueue_jobs(dsn, [gates.job(priority=2)])
     same = _claim(sup, 1)
-    sup.children.assign(child, "gates", same, _urgency(sup))
+    _assign(sup, child, same)
     assert [job.id for job in child.inflight] == [a_id, aged_id, fresh_id, same_id]
     assert child.overtaken == {}
 
@@ -42,7 +42,7 @@ def test_an_urgent_job_runs_next_and_every_job_once_with_its_lease(loopless_supe
     (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
     urgent = _claim(sup, 1)
     leases.update({same_id: same[0].lease, urgent_id: urgent[0].lease})
-    sup.children.assign(child, "gates", urgent, _urgency(sup))
+    _assign(sup, child, urgent)
     assert [job.id for job in child.inflight] == [a_id, aged_id, urgent_id, fresh_id, same_id]
     assert sorted(child.overtaken) == sorted((i, leases[i]) for i in (aged_id, fresh_id, same_id))
     assert sup.stats()["counters"]["overtakes"] == 1
@@ -64,7 +64,7 @@ def test_a_child_killed_after_an_overtake_loses_no_job(loopless_supervisor, dsn,
     gates = _Gates(tmp_path)
     child, pump, (a_id, b_id, c_id) = _running_a_then_two(sup, gates, dsn, priority=3)
     (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])
-    sup.children.assign(child, "gates", _claim(sup, 1), _urgency(sup))
+    _assign(sup, child, _claim(sup, 1))
     assert [job.id for job in child.inflight] == [a_id, urgent_id, b_id, c_id]
 
     child.process.kill()
@@ -179,7 +179,7 @@ def test_a_rush_serves_a_child_asking_for_a_refill_of_short_jobs_only(loopless_s
     gates = _Gates(tmp_path)
     (a_id,) = enqueue_jobs(dsn, [gates.job(held=True, priority=2)])
     child, pump = _ready_child(sup)
-    sup.children.assign(child, "gates", _claim(sup, 1), _urgency(sup))
+    _assign(sup, child, _claim(sup, 1))
     wait_for(lambda: pump() and child.running_job()[0] == a_id and child.refill_wanted, timeout=30,
              message="job A to start and its child to ask for a refill")
     (urgent_id,) = enqueue_jobs(dsn, [gates.job(priority=1)])

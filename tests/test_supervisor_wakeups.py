@@ -91,6 +91,27 @@ def _child(slot: int, jobs, shortest_timeout=None):
     return child
 
 
+def test_jobs_queued_behind_one_are_taken_back_after_a_multiple_of_its_queues_usual_time() -> None:
+    """A queue of 0.2 s jobs also gets a next job queued behind the running
+    one: that one is taken back for another child only once the running
+    job has run twice the usual time (JobTimes.patience), not after the
+    0.1 s floor."""
+    from awa_pool.worker.placement import JobTimes
+
+    times = JobTimes()
+    times.record("q", 0.2)
+    now = time.monotonic()
+    child = _child(0, [(1, None), (2, None)])
+    child.patience = times.patience("q")   # what the hand-out gives Children.assign
+    assert child.patience == 0.4
+    child.next_position = 2
+    child.status.start(1, 0, now - 0.2)
+    table = _children_with(child)
+    assert table.next_check(now) == now - 0.2 + 0.4
+    assert table.check(now).released.outcomes == []
+    assert [o.job_id for o in table.check(now + 0.21).released.outcomes] == [2]
+
+
 def test_the_next_check_is_the_earliest_deadline_of_any_busy_child() -> None:
     from awa_pool.worker.children import OVERDUE_RETRY_S
     from awa_pool.worker.placement import TAKE_BACK_AFTER_S

@@ -6,7 +6,7 @@ child ran it, so it ran twice with no fault to explain it."""
 from __future__ import annotations
 
 from awa_pool import Job
-from gated_children import _claim, _ready_child
+from gated_children import _assign, _claim, _ready_child
 from helpers import enqueue_jobs, job_row, wait_for
 
 
@@ -22,7 +22,7 @@ def test_a_late_release_of_an_old_lease_leaves_the_new_attempt_held(loopless_sup
     first = _claim(sup, 2)
     assert [job.id for job in first] == [a_id, j_id]
     old_lease = first[1].lease
-    sup.children.assign(child, "gates", first)
+    _assign(sup, child, first, urgent=False)
     wait_for(lambda: pump() and child.running_job()[0] == a_id, timeout=30, message="job A to start")
     released = sup.children.take_back(child, "job A runs long")
     assert [(o.job_id, o.lease, o.outcome) for o in released.outcomes] == [(j_id, old_lease, "released")]
@@ -35,7 +35,7 @@ def test_a_late_release_of_an_old_lease_leaves_the_new_attempt_held(loopless_sup
     assert [job.id for job in second] == [j_id]
     new_lease = second[0].lease
     assert new_lease != old_lease
-    sup.children.assign(child, "gates", second)
+    _assign(sup, child, second, urgent=False)
 
     # A ends; the child skips the old J and reports it released (with A's
     # outcome), then starts the new J, which waits at its gate.

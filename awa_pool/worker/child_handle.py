@@ -14,6 +14,7 @@ from ..child import child_main
 from . import ownership
 from .inflight import InFlight
 from .outcomes import EXIT_HOOK_FAILED
+from .placement import TAKE_BACK_AFTER_S
 from .protocol import ClaimedJob, FrameReader, Outbox, StatusBlock
 
 
@@ -51,6 +52,9 @@ class ChildHandle:
     refill_wanted: bool = False    # half its batch has started: queue the next one
     shortest_timeout: Optional[float] = None  # of the jobs sent since it was last idle
     lowest_priority: int = 0       # the largest priority number sent since it was last idle
+    # a job queued behind one that has run longer than this is taken back;
+    # set from its queue's usual job time (Children.assign)
+    patience: float = TAKE_BACK_AFTER_S
 
     @property
     def tasks_left(self) -> int:

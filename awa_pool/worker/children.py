@@ -116,11 +116,12 @@ class Children:
 
     # -- work ----------------------------------------------------------------
     def assign(self, child: ChildHandle, queue: str, jobs: Sequence[ClaimedJob],
-               urgency: Optional[placement.Urgency] = None) -> None:
+               urgency: Optional[placement.Urgency] = None, patience: float = TAKE_BACK_AFTER_S) -> None:
         """Send a batch of claimed jobs to a child (idle, or asking for a
         refill). With `urgency`, a batch that placement says goes ahead of
         the jobs the child holds queued takes those back and sends them
-        again behind it (same leases)."""
+        again behind it (same leases). `patience`: how long a job of this
+        queue may run before the jobs queued behind it are taken back."""
         if urgency is not None and placement.overtakes(child.queued_jobs, child.lowest_priority, jobs, urgency):
             # from the first job it may not have started, if that one was kept to be sent again
             first = child.inflight[0] if child.inflight[0].claimed is not None else child.inflight[1]
@@ -132,6 +133,7 @@ class Children:
                     child.overtaken[key] = child.overtaken.get(key, 0) + 1
                 jobs = placement.merged([job.claimed for job in held], jobs, urgency)
         child.queue = queue
+        child.patience = max(TAKE_BACK_AFTER_S, patience)
         start = child.next_position
         child.inflight.extend(InFlight(job.id, job.lease, job.kind, job.queue, job.timeout_s, start + i,
                                        job.attempt, job if job.payload_bytes <= RESEND_MAX_BYTES else None)
@@ -244,7 +246,7 @@ class Children:
                     self.kill(child, TIMEOUT, f"timed out after {job.timeout_s:g}s: "
                                               "the child running it was killed")
                     continue
-                if now - started > TAKE_BACK_AFTER_S and child.inflight[-1].id != job_id:
+                if now - started > child.patience and child.inflight[-1].id != job_id:
                     checked.released.extend(self.take_back(child, f"job {job_id} runs long"))
             if child.cancel_deadline is not None and now >= child.cancel_deadline:
                 child.cancel_deadline = None
@@ -268,9 +270,9 @@ class Children:
                 if running is not None and running.timeout_s:
                     due = min(due, started + running.timeout_s)
             if job_id and child.inflight[-1].id != job_id:  # jobs queued behind the running one
-                due = min(due, started + TAKE_BACK_AFTER_S)
+                due = min(due, started + child.patience)
             elif not job_id and len(child.inflight) > 1:     # between jobs: the next starts from now
-                due = min(due, now + TAKE_BACK_AFTER_S)
+                due = min(due, now + child.patience)
             if child.cancel_deadline is not None:
                 due = min(due, child.cancel_deadline)
         # Overdue: acted on right after this wait; should acting fail (a

@@ -72,7 +72,7 @@ class HandOut:
         urgency = self.claimer.urgency(name, time.time())
         moves = placement.batches(jobs, kids, caps)
         for child, batch in moves:
-            self.children.assign(child, name, batch, urgency)
+            self.children.assign(child, name, batch, urgency, self.times.patience(name))
         return len(moves)
 
     def _rush(self, now: float) -> None:
@@ -92,7 +92,7 @@ class HandOut:
             if jobs is None:
                 return
             for child, job in zip(kids, jobs):
-                self.children.assign(child, name, [job], urgency)
+                self.children.assign(child, name, [job], urgency, self.times.patience(name))
 
     def _refills(self, now: float) -> None:
         wanting = self.children.wanting_refill()
