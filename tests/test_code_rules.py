@@ -66,7 +66,8 @@ def test_no_import_of_the_package_root_inside_the_package() -> None:
 
 def test_every_named_query_is_used_and_exists() -> None:
     code = "\n".join(SOURCES.values())
-    referenced = set(re.findall(r'QUERIES\["([a-z0-9_]+)"\]', code))
+    # QUERIES["name"] where code runs a query itself, Query("name", ...) in plans (api/plan.py)
+    referenced = set(re.findall(r'(?:QUERIES\[|Query\()"([a-z0-9_]+)"', code))
     assert referenced - set(QUERIES) == set(), "referenced but not defined"
     assert set(QUERIES) - referenced == set(), "defined but never used"
 
@@ -110,7 +111,7 @@ def test_only_the_signal_relay_and_child_install_signal_handlers() -> None:
 # views sit above the worker core.
 LAYERS = {"core": 0, "api": 1, "worker": 2, "supervisor": 2, "child": 2,
           "ops": 3, "testkit": 3, "dashboard": 3}
-TOP_LEVEL = {"__init__", "__main__", "supervisor", "child", "testing", "pytest_plugin"}
+TOP_LEVEL = {"__init__", "__main__", "aio", "supervisor", "child", "testing", "pytest_plugin"}
 
 
 def _layer(module: str) -> int:
@@ -180,3 +181,36 @@ def test_no_other_thread_can_reach_the_scheduling_state() -> None:
         for node in ast.walk(ast.parse(SOURCES[name])):
             imported |= _targets(node, name)
         assert not _loads(imported, SCHEDULING_STATE), f"{name}.py loads {_loads(imported, SCHEDULING_STATE)}"
+
+
+def test_awa_pool_aio_loads_no_driver_until_one_is_passed(dsn) -> None:
+    """`import awa_pool.aio` is as light as `import awa_pool` (no supervisor
+    stack), imports no psycopg, asyncpg or SQLAlchemy, and an asyncpg
+    connection passed loads asyncpg's seam only."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, asyncio, awa_pool.aio\n"
+        "def loaded():\n"
+        "    return sorted(m for m in sys.modules if m.split('.')[0] in ('awa_pool', 'multiprocess', 'croniter',"
+        " 'psycopg', 'asyncpg', 'sqlalchemy'))\n"
+        "print(' '.join(loaded()))\n"
+        "import asyncpg\n"
+        "async def main():\n"
+        f"    conn = await asyncpg.connect({dsn!r})\n"
+        "    async with conn.transaction():\n"
+        "        await awa_pool.aio.enqueue(conn, awa_pool.Job('k', {'a': 1}))\n"
+        "    await conn.close()\n"
+        "asyncio.run(main())\n"
+        "print(' '.join(loaded()))\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    imported, used = (set(line.split()) for line in done.stdout.splitlines())
+    supervisor_stack = {"awa_pool.supervisor", "awa_pool.worker.children", "awa_pool.worker.claimer",
+                        "awa_pool.child", "multiprocess", "croniter"}
+    assert "awa_pool.aio" in imported and "awa_pool.api.aio_drivers" in imported
+    assert not imported & supervisor_stack, f"import awa_pool.aio loaded {sorted(imported & supervisor_stack)}"
+    drivers = {m for m in imported if m.split(".")[0] in ("psycopg", "asyncpg", "sqlalchemy")}
+    assert not drivers, f"import awa_pool.aio loaded {sorted(drivers)}"
+    assert "asyncpg" in used and not {m for m in used if m.split(".")[0] in ("psycopg", "sqlalchemy")}
+    assert not used & supervisor_stack

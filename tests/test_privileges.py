@@ -106,6 +106,13 @@ def test_producer_enqueues_every_way(dsn, producer, tmp_path) -> None:
         with conn.cursor() as cur:
             cur.execute("SELECT awa.insert_job('raw_sql', '{\"x\": 1}', queue => 'raw')")
             raw = cur.fetchone()[0]
+            # SPEC §12: INSERT INTO awa.jobs, every column a producer may give, RETURNING id
+            cur.execute("INSERT INTO awa.jobs (kind, args, queue, priority, run_at, max_attempts, timeout_s, tags, "
+                        "metadata, ordering_key, retry_policy, expires_at, unique_opts) VALUES ('raw_insert', '{}', "
+                        "'raw', 1, NULL, 3, 5, '{t}', '{}', 'k', '{\"backoff\": \"constant\", \"base\": 1}', "
+                        "now() + interval '1 day', NULL), ('raw_insert', '{\"u\": 1}', 'raw', 2, "
+                        "now() + interval '1 hour', 3, NULL, '{}', '{}', NULL, NULL, NULL, '{}') RETURNING id")
+            inserted = [row[0] for row in cur.fetchall()]
         conn.commit()
     finally:
         conn.close()
@@ -113,7 +120,8 @@ def test_producer_enqueues_every_way(dsn, producer, tmp_path) -> None:
     cli = subprocess.run([sys.executable, "-m", "awa_pool", "enqueue", "noop", "--args", '{"cli": true}',
                           "--database-url", _as_role(dsn, producer)], capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0, cli.stderr
-    ids = [one, *many, unique[0], *batch.ids, batch.then_id, empty_batch.then_id, raw, int(cli.stdout)]
+    ids = [one, *many, unique[0], *batch.ids, batch.then_id, empty_batch.then_id, raw, *inserted,
+           int(cli.stdout)]
     found = query(dsn, "SELECT id, state::text FROM awa.jobs WHERE id = ANY(%s)", (ids,))
     assert len(found) == len(ids)
     assert scalar(dsn, "SELECT then_id FROM awa.batches WHERE id = %s", (batch.id,)) == batch.then_id
@@ -121,6 +129,12 @@ def test_producer_enqueues_every_way(dsn, producer, tmp_path) -> None:
 
 @pytest.mark.parametrize("what,statement", [
     ("read jobs", "SELECT * FROM awa.jobs"),
+    ("read a job's kind", "SELECT kind FROM awa.jobs"),
+    ("insert a job with a state", "INSERT INTO awa.jobs (kind, state) VALUES ('x', 'running')"),
+    ("insert a job into a batch", "INSERT INTO awa.jobs (kind, batch_id) VALUES ('x', 1)"),
+    ("return more than the id", "INSERT INTO awa.jobs (kind) VALUES ('x') RETURNING kind"),
+    ("read the inbox", "SELECT * FROM awa.jobs_inbox"),
+    ("write the inbox", "INSERT INTO awa.jobs_inbox (kind) VALUES ('x')"),
     ("read the hot table", "SELECT id FROM awa.jobs_hot"),
     ("read history", "SELECT count(*) FROM awa.jobs_done"),
     ("delete jobs", "DELETE FROM awa.jobs_hot"),

@@ -90,8 +90,8 @@ CHANGES = {
     "ALTER SEQUENCE awa.batches_id_seq INCREMENT BY 2": "sequences: batches_id_seq differs",
     "ALTER TYPE awa.job_state ADD VALUE 'paused' BEFORE 'running'": "types: job_state differs",
     "DROP TRIGGER jobs_done_notify ON awa.jobs_done": "triggers: jobs_done.jobs_done_notify exists only in a",
-    "CREATE OR REPLACE VIEW awa.jobs AS SELECT * FROM awa.jobs_hot"
-    " UNION ALL SELECT * FROM awa.jobs_done": "views: jobs differs",
+    "CREATE OR REPLACE VIEW awa.jobs AS SELECT *, NULL::jsonb AS unique_opts FROM awa.jobs_hot"
+    " UNION ALL SELECT *, NULL::jsonb FROM awa.jobs_done": "views: jobs differs",
     "COMMENT ON TABLE awa.queues IS 'queue settings'": "comments: table awa.queues exists only in b",
     "GRANT USAGE ON SCHEMA awa TO PUBLIC": "schema: awa differs",
     "UPDATE awa.done_ring SET segments = 9": "rows: done_ring differs",

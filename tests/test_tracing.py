@@ -84,6 +84,13 @@ def test_one_trace_from_enqueue_through_every_inline_attempt(processes, dsn: str
     _check_one_trace(produced, [s for s in produced["spans"] if s["kind"] == "CONSUMER"])
 
 
+def test_awaited_enqueues_open_the_same_producer_spans(processes, dsn: str, tmp_path: Path) -> None:
+    """awa_pool.aio's enqueue, enqueue_many and enqueue_batch (asyncpg) make
+    the sync API's spans and stamp the same trace context on their jobs."""
+    produced = _produce(processes, dsn, tmp_path, "aio")
+    _check_one_trace(produced, [s for s in produced["spans"] if s["kind"] == "CONSUMER"])
+
+
 def test_a_pool_runs_each_attempt_in_a_span_under_the_enqueue(processes, pools, dsn: str, tmp_path: Path) -> None:
     spans = tmp_path / "child-spans.jsonl"
     supervisor = pools.start(app="apps.traced", workers=2,

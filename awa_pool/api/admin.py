@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from ..core.config import parse_duration
 from .drivers import INERROR, adapt, cursor_for, sqlstate
+from .plan import Plan, Query, Rows, Steps
 from ..core.errors import PayloadTooLarge, Seconds, UnknownCallback, to_seconds
 from ..core.job import JobRecord, JobState, check_name, decode_json_for_record
 from ..core.sql import QUERIES
@@ -50,12 +51,23 @@ def _check_limit(limit: Any) -> None:
         raise ValueError(f"limit must be an int >= 1, got {limit!r}")
 
 
+def records_of(rows: Rows) -> List[JobRecord]:
+    return [JobRecord.from_row(row) for row in rows.dicts()]
+
+
+def get_job_plan(job_id: int) -> Plan[Optional[JobRecord]]:
+    return Plan(_get_job_steps(_check_id(job_id)), loads=decode_json_for_record)
+
+
+def _get_job_steps(job_id: int) -> Steps[Optional[JobRecord]]:
+    records = records_of((yield Query("get_job", {"id": job_id})))
+    return records[0] if records else None
+
+
 def get_job(conn: Any, job_id: int) -> Optional[JobRecord]:
     """The job with this id, or None."""
-    with _record_cursor(conn) as cur:
-        cur.execute(QUERIES["get_job"], {"id": _check_id(job_id)})
-        records = _records(cur)
-    return records[0] if records else None
+    plan = get_job_plan(job_id)
+    return adapt(conn).run(plan)
 
 
 def list_jobs(conn: Any, state: Optional[str] = None, queue: Optional[str] = None,
@@ -245,6 +257,46 @@ def dlq_purge(conn: Any, ids: Optional[Iterable[int]] = None, queue: Optional[st
 
 # -- waiting -----------------------------------------------------------------------
 
+class Waiting:
+    """What wait() decides, whatever the driver: the query to look again
+    with, and after each look whether it is done (or failed, or timed out)
+    and how long it may sleep on the socket before looking again.
+    Validates its arguments on construction, before any SQL."""
+
+    def __init__(self, ids: Sequence[int], timeout: Optional[Seconds]) -> None:
+        self.wanted = [_check_id(i) for i in ids]
+        self.timeout = to_seconds(timeout, "wait timeout")
+        self.deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        self.query = Query("get_jobs", {"ids": self.wanted})
+        self.remaining: Optional[float] = None
+
+    def finished(self, rows: Rows) -> Optional[List[JobRecord]]:
+        """The records in the order of `ids` once all are terminal, else
+        None. Raises ValueError for unknown ids, TimeoutError past the deadline."""
+        records = {record.id: record for record in records_of(rows)}
+        missing = [i for i in self.wanted if i not in records]
+        if missing:
+            raise ValueError(f"unknown job id(s): {missing[:10]}")
+        if all(records[i].terminal for i in self.wanted):
+            return [records[i] for i in self.wanted]
+        self.remaining = None if self.deadline is None else self.deadline - time.monotonic()
+        if self.remaining is not None and self.remaining <= 0:
+            pending = [i for i in self.wanted if not records[i].terminal]
+            raise TimeoutError(f"{len(pending)} job(s) not finished after {self.timeout:g}s "
+                               f"(for example {pending[:5]})")
+        return None
+
+    def pause_s(self, listening: bool) -> float:
+        """How long to sleep before looking again: a NOTIFY per terminal
+        transition wakes the sleeper; the cap only bounds how long a lost
+        notification could delay it (or, through a pooler, is the poll)."""
+        recheck_s = WAIT_RECHECK_S if listening else WAIT_POLL_POOLED_S
+        return recheck_s if self.remaining is None else min(recheck_s, self.remaining)
+
+
+NOT_OUTSIDE_TRANSACTION = "wait() needs a connection outside a transaction: commit or roll back first"
+
+
 def wait(conn: Any, ids: Sequence[int], timeout: Optional[Seconds] = None) -> List[JobRecord]:
     """Block until every job in `ids` is terminal; return their records in
     the order of `ids`. Wakes on the database's NOTIFY (no busy polling;
@@ -253,12 +305,10 @@ def wait(conn: Any, ids: Sequence[int], timeout: Optional[Seconds] = None) -> Li
     Raises TimeoutError after `timeout` (seconds or a timedelta). `conn` must
     not be inside a transaction (commit first): waiting needs to see other
     commits."""
-    wanted = [_check_id(i) for i in ids]
-    timeout = to_seconds(timeout, "wait timeout")
+    waiting = Waiting(ids, timeout)
     link = adapt(conn, begin=False)
     if link.in_transaction():
-        raise ValueError("wait() needs a connection outside a transaction: commit or roll back first")
-    deadline = None if timeout is None else time.monotonic() + timeout
+        raise ValueError(NOT_OUTSIDE_TRANSACTION)
     autocommit = link.autocommit
     link.autocommit = True
     listener = link.listener()
@@ -269,7 +319,6 @@ def wait(conn: Any, ids: Sequence[int], timeout: Optional[Seconds] = None) -> Li
             # clients share: poll instead.
             cur.execute(QUERIES["backend_pid"])
             listening = cur.fetchone()[0] == link.raw.info.backend_pid
-            recheck_s = WAIT_RECHECK_S if listening else WAIT_POLL_POOLED_S
             if listening:
                 cur.execute(QUERIES["listen_done"])
             try:
@@ -278,28 +327,15 @@ def wait(conn: Any, ids: Sequence[int], timeout: Optional[Seconds] = None) -> Li
                     # with its result and never makes the socket readable:
                     # clear first, and look again at once if one came in.
                     listener.clear()
-                    cur.execute(QUERIES["get_jobs"], {"ids": wanted})
-                    records = {record.id: record for record in _records(cur)}
-                    missing = [i for i in wanted if i not in records]
-                    if missing:
-                        raise ValueError(f"unknown job id(s): {missing[:10]}")
-                    if all(records[i].terminal for i in wanted):
-                        return [records[i] for i in wanted]
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        pending = [i for i in wanted if not records[i].terminal]
-                        raise TimeoutError(f"{len(pending)} job(s) not finished after {timeout:g}s "
-                                           f"(for example {pending[:5]})")
-                    if listener.pending():
-                        continue
-                    # A NOTIFY per terminal transition wakes us; the cap only
-                    # bounds how long a lost notification could delay us.
-                    cap = recheck_s if remaining is None else min(recheck_s, remaining)
-                    listener.wait(cap)
+                    cur.execute(QUERIES[waiting.query.name], waiting.query.params)
+                    done = waiting.finished(Rows(cur.fetchall(), tuple(d.name for d in cur.description)))
+                    if done is not None:
+                        return done
+                    if not listener.pending():
+                        listener.wait(waiting.pause_s(listening))
             finally:
                 if listening:
                     cur.execute(QUERIES["unlisten_done"])
     finally:
         listener.close()
         link.autocommit = autocommit
-

@@ -22,7 +22,10 @@ import json
 import select
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple, TypeVar
+
+from .plan import Plan, Query, Rows, drive
+from ..core.sql import QUERIES
 
 ACCEPTED = ("a psycopg2 or psycopg 3 connection or cursor, Django's connection, "
             "or an SQLAlchemy Connection or Session")
@@ -34,8 +37,10 @@ JSON_OIDS = (114, 3802)         # json, jsonb
 JSON_ARRAY_OIDS = (199, 3807)   # json[], jsonb[]
 UUID_OID, UUID_ARRAY_OID = 2950, 2951
 SA_DRIVERS = ("psycopg2", "psycopg")
+NO_ROWS = Rows(())
 
 Loads = Callable[[Any], Any]
+T = TypeVar("T")
 
 
 class Link:
@@ -72,6 +77,14 @@ class Link:
             return _psycopg2_cursor(self.raw, loads)
         return _psycopg_cursor(self.raw, loads)
 
+    def run(self, plan: Plan[T]) -> T:
+        """Run a plan (plan.py) on one fresh cursor in the caller's transaction."""
+        cur = self.new_cursor(plan.loads)
+        try:
+            return drive(plan.steps, functools.partial(_execute, cur))
+        finally:
+            cur.close()
+
     @property
     def error(self) -> type:
         """The driver's base exception class (psycopg2.Error or psycopg.Error)."""
@@ -107,6 +120,14 @@ class Link:
 
     def listener(self) -> "Listener":
         return Listener(self)
+
+
+def _execute(cur: Any, query: Query) -> Rows:
+    cur.execute(QUERIES[query.name], query.params)
+    description = cur.description
+    if description is None:
+        return NO_ROWS
+    return Rows(cur.fetchall(), tuple(column.name for column in description))
 
 
 @contextmanager
@@ -177,27 +198,30 @@ def adapt(conn: Any, *, begin: bool = True) -> Link:
     With begin=False an SQLAlchemy Connection is not made to start its
     transaction (wait() needs none).
     """
-    family = _family(type(conn))
+    family = family_of(type(conn))
     if family in ("psycopg2", "psycopg"):
         return _driver_link(conn, family, shown=conn)
     if family == "django":
         return _django_link(conn)
     if family == "sqlalchemy":
         return _sqlalchemy_link(conn, begin)
-    raise TypeError(f"awa_pool needs {ACCEPTED}; got {_name(conn)}")
+    if family == "asyncpg":
+        raise TypeError(f"awa_pool's functions are synchronous; got {type_name(conn)}: await the same "
+                        "functions from awa_pool.aio with it")
+    raise TypeError(f"awa_pool needs {ACCEPTED}; got {type_name(conn)}")
 
 
 @functools.lru_cache(maxsize=256)
-def _family(klass: type) -> Optional[str]:
+def family_of(klass: type) -> Optional[str]:
     """Which library a type comes from (a subclass counts as its base's)."""
     for base in klass.__mro__:
         root = base.__module__.partition(".")[0]
-        if root in ("psycopg2", "psycopg", "django", "sqlalchemy"):
+        if root in ("psycopg2", "psycopg", "django", "sqlalchemy", "asyncpg"):
             return root
     return None
 
 
-def _name(obj: Any) -> str:
+def type_name(obj: Any) -> str:
     klass = type(obj)
     return f"{klass.__module__}.{klass.__qualname__}"
 
@@ -233,8 +257,8 @@ def _classify(obj: Any, driver: str, shown: Any) -> bool:
         return False   # a cursor (psycopg 3 has several cursor classes)
     if driver == "psycopg" and "Async" in type(obj).__name__:
         raise TypeError(f"awa_pool's functions are synchronous: pass a psycopg.Connection "
-                        f"or Cursor, not {_name(obj)}")
-    raise TypeError(f"awa_pool needs {ACCEPTED}; got {_name(shown)}")
+                        f"or Cursor, not {type_name(obj)} (or await awa_pool.aio's functions with it)")
+    raise TypeError(f"awa_pool needs {ACCEPTED}; got {type_name(shown)}")
 
 
 def _driver_link(obj: Any, driver: str, shown: Any, framework: Optional[str] = None,
@@ -245,13 +269,13 @@ def _driver_link(obj: Any, driver: str, shown: Any, framework: Optional[str] = N
         is_connection = _DRIVER_TYPES[type(obj)] = _classify(obj, driver, shown)
     raw = obj if is_connection else obj.connection
     if raw.closed:
-        raise ValueError(f"the connection passed ({_name(shown)}) is closed")
+        raise ValueError(f"the connection passed ({type_name(shown)}) is closed")
     status = raw.info.transaction_status
     if status == INERROR:
-        raise ValueError(f"the transaction of the connection passed ({_name(shown)}) has already "
+        raise ValueError(f"the transaction of the connection passed ({type_name(shown)}) has already "
                          "failed (an earlier statement raised an error): roll it back first")
     if status == UNKNOWN:
-        raise ValueError(f"the connection passed ({_name(shown)}) is broken")
+        raise ValueError(f"the connection passed ({type_name(shown)}) is broken")
     return Link(raw, driver, framework, owner)
 
 
@@ -262,7 +286,7 @@ def _django_link(obj: Any) -> Link:
     if not hasattr(wrapper, "ensure_connection") and hasattr(wrapper, "db"):
         wrapper = wrapper.db
     if not (hasattr(wrapper, "ensure_connection") and hasattr(wrapper, "in_atomic_block")):
-        raise TypeError(f"awa_pool needs {ACCEPTED}; got {_name(obj)}")
+        raise TypeError(f"awa_pool needs {ACCEPTED}; got {type_name(obj)}")
     vendor = getattr(wrapper, "vendor", None)
     if vendor != "postgresql":
         raise ValueError(f"the Django connection {wrapper.alias!r} is a {vendor} database: "
@@ -272,9 +296,9 @@ def _django_link(obj: Any) -> Link:
                          "an error): leave the block, or roll back to a savepoint, first")
     wrapper.ensure_connection()
     raw = wrapper.connection
-    family = _family(type(raw))
+    family = family_of(type(raw))
     if family not in ("psycopg2", "psycopg"):
-        raise ValueError(f"the Django connection {wrapper.alias!r} uses {_name(raw)}: "
+        raise ValueError(f"the Django connection {wrapper.alias!r} uses {type_name(raw)}: "
                          "awa_pool needs the psycopg2 or psycopg 3 driver")
     return _driver_link(raw, family, shown=obj, framework="django", owner=wrapper)
 
@@ -309,8 +333,11 @@ def _sqlalchemy_link(obj: Any, begin: bool) -> Link:
                         "engine.connect() / engine.begin(), or a Session")
     elif hasattr(obj, "driver_connection"):   # a pool's DBAPI connection (conn.connection)
         return _sqlalchemy_raw(obj.driver_connection, obj, owner=None)
+    elif type(obj).__module__.startswith("sqlalchemy.ext.asyncio"):
+        raise TypeError(f"awa_pool's functions are synchronous; got {type_name(obj)}: await the same "
+                        "functions from awa_pool.aio with it")
     else:
-        raise TypeError(f"awa_pool needs {ACCEPTED}; got {_name(obj)}")
+        raise TypeError(f"awa_pool needs {ACCEPTED}; got {type_name(obj)}")
     dialect = sa_conn.dialect
     if dialect.name != "postgresql" or dialect.driver not in SA_DRIVERS:
         raise ValueError(f"the SQLAlchemy connection uses {dialect.name}+{dialect.driver}: awa_pool "
@@ -319,9 +346,9 @@ def _sqlalchemy_link(obj: Any, begin: bool) -> Link:
 
 
 def _sqlalchemy_raw(raw: Any, shown: Any, owner: Any) -> Link:
-    family = _family(type(raw))
+    family = family_of(type(raw))
     if family not in ("psycopg2", "psycopg"):
-        raise ValueError(f"the SQLAlchemy connection uses {_name(raw)}: awa_pool needs "
+        raise ValueError(f"the SQLAlchemy connection uses {type_name(raw)}: awa_pool needs "
                          "postgresql+psycopg2 or postgresql+psycopg")
     return _driver_link(raw, family, shown=shown, framework="sqlalchemy", owner=owner)
 
@@ -373,9 +400,6 @@ def _psycopg_timestamptz_loader() -> type:
 
 def _psycopg_cursor(raw: Any, loads: Optional[Loads]) -> Any:
     import psycopg
-    from psycopg.rows import tuple_row
-    from psycopg.types.json import set_json_loads
-    from psycopg.types.string import TextLoader
 
     # Client-side binding, as psycopg2 does it: parameters become literals
     # whose types the server infers from the query, so each query means the
@@ -383,7 +407,17 @@ def _psycopg_cursor(raw: Any, loads: Optional[Loads]) -> Any:
     # connection. A server-side prepared `SELECT * FROM awa.jobs` fails with
     # "cached plan must not change result type" once a migration changes the
     # view, and a transaction-mode pooler loses prepared statements.
-    cur = psycopg.ClientCursor(raw, row_factory=tuple_row)
+    return psycopg_rows(psycopg.ClientCursor, raw, loads)
+
+
+def psycopg_rows(cursor_class: type, raw: Any, loads: Optional[Loads]) -> Any:
+    """A psycopg 3 cursor (sync or async class) with tuple rows and the
+    decoding new_cursor describes, whatever the caller's connection set up."""
+    from psycopg.rows import tuple_row
+    from psycopg.types.json import set_json_loads
+    from psycopg.types.string import TextLoader
+
+    cur = cursor_class(raw, row_factory=tuple_row)
     if loads is not None:
         set_json_loads(loads, cur)
         cur.adapters.register_loader("uuid", TextLoader)

@@ -252,6 +252,8 @@ class Job:
                    if name not in self._explicit and value is not None}
         if missing.get("retry") is not None:
             missing["retry"] = missing["retry"].backoff_only()
+        # a default equal to what the job holds changes nothing: no copy to revalidate
+        missing = {name: value for name, value in missing.items() if getattr(self, name) != value}
         return self.replace(**missing) if missing else self
 
     def _key(self) -> tuple:

@@ -8,7 +8,8 @@ attempt) tries the import once and remembers the result for the process
 (forked children inherit it). With the package but no SDK configured and
 no span active, no span is made either: it could record nothing.
 
-Producer side: enqueue, enqueue_many and enqueue_batch run inside a span
+Producer side: enqueue, enqueue_many and enqueue_batch (and their awaited
+twins in awa_pool.aio) run inside a span
 of kind PRODUCER; every job they insert gets `traceparent` (and
 `tracestate`, when there is one) in its metadata, unless its metadata has
 a traceparent of its own. Consumer side: each attempt runs inside a span of kind
@@ -27,13 +28,15 @@ the SDK in an `@awa_pool.on_child_start` hook instead, once per child.
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
+import inspect
 import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Tuple, TypeVar
 
 from .job import Job, check_json
 from .version import __version__
@@ -83,9 +86,13 @@ class _Otel:
             self.recheck_at = time.monotonic() + RECHECK_S
         return self.recording
 
-    def produce(self, operation: str, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    @contextlib.contextmanager
+    def producing(self, operation: str) -> Iterator[Any]:
+        """The producer span of one enqueue call (None when there is nothing
+        to record), with its trace context set for `stamp` meanwhile."""
         if not self.can_record() and not self.trace.get_current_span().get_span_context().is_valid:
-            return call(*args, **kwargs)  # no SDK and no trace to continue: nothing to record
+            yield None  # no SDK and no trace to continue: nothing to record
+            return
         span = self.tracer.start_span(f"awa_pool {operation}", kind=self.SpanKind.PRODUCER,
                                       attributes={"messaging.system": "awa_pool",
                                                   "messaging.operation.type": "send"})
@@ -95,11 +102,9 @@ class _Otel:
             kept = {key: carrier[key] for key in CARRIER_KEYS if key in carrier}
             token = _carrier.set((kept, check_json(kept, "metadata")) if kept else None)
             try:
-                result = call(*args, **kwargs)
+                yield span
             finally:
                 _carrier.reset(token)
-            _describe_result(span, result)
-            return result
 
     def attempt(self, run: Callable[..., Outcome], job: ClaimedJob, args: tuple, kwargs: dict) -> Outcome:
         carrier = _carrier_of(job.metadata)
@@ -159,15 +164,34 @@ def available() -> bool:
 
 
 def producer_span(operation: str) -> Callable[[F], F]:
-    """Decorator for enqueue functions: run them in a producer span whose
-    context `stamp` writes into each job they insert."""
+    """Decorator for enqueue functions, plain or async (awa_pool.aio): run
+    them in a producer span whose context `stamp` writes into each job
+    they insert."""
     def decorate(call: F) -> F:
+        if inspect.iscoroutinefunction(call):
+            @functools.wraps(call)
+            async def traced_async(*args: Any, **kwargs: Any) -> Any:
+                otel = _otel if _otel is not None else _load()
+                if otel is False:
+                    return await call(*args, **kwargs)
+                with otel.producing(operation) as span:
+                    result = await call(*args, **kwargs)
+                    if span is not None:
+                        _describe_result(span, result)
+                return result
+
+            return traced_async  # type: ignore[return-value]
+
         @functools.wraps(call)
         def traced(*args: Any, **kwargs: Any) -> Any:
             otel = _otel if _otel is not None else _load()
             if otel is False:
                 return call(*args, **kwargs)
-            return otel.produce(operation, call, args, kwargs)
+            with otel.producing(operation) as span:
+                result = call(*args, **kwargs)
+                if span is not None:
+                    _describe_result(span, result)
+            return result
 
         return traced  # type: ignore[return-value]
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from ..api.drivers import cursor_for
+from ..api.drivers import adapt, cursor_for
+from ..api.plan import Plan, Query, Steps
 from ..core.job import check_name
 from ..core.sql import QUERIES
 
@@ -207,20 +208,28 @@ def queue_known(conn: Any, name: str) -> bool:
         return bool(cur.fetchone()[0])
 
 
+def queue_depth_plan(queues: Optional[Iterable[str]] = None) -> Plan[Dict[str, QueueDepth]]:
+    if isinstance(queues, str):
+        raise TypeError("queues must be a list of queue names, not a single string")
+    names = None if queues is None else [check_name(name, "queue") for name in queues]
+    return Plan(_queue_depth_steps(names), loads=None)
+
+
+def _queue_depth_steps(names: Optional[List[str]]) -> Steps[Dict[str, QueueDepth]]:
+    counts: Dict[str, Dict[str, int]] = {name: {} for name in names or ()}
+    age_s = 0.0
+    rows = yield Query("queue_depth", {"queues": names})
+    for queue, state, n, row_age_s in rows.values:
+        counts.setdefault(queue, {})[state] = int(n)
+        age_s = max(age_s, float(row_age_s or 0.0))
+    return {name: QueueDepth(queue=name, counts_age_s=age_s, **by_state) for name, by_state in sorted(counts.items())}
+
+
 def queue_depth(conn: Any, queues: Optional[Iterable[str]] = None) -> Dict[str, QueueDepth]:
     """Live jobs per queue (every queue with one, or each of `queues`, with
     zeros for a queue that has none). Reads only the live tables or, above
     a big backlog, the leader's census of them (see QueueDepth), never the
     history, so it stays cheap however much history is retained and however
     deep the backlog."""
-    if isinstance(queues, str):
-        raise TypeError("queues must be a list of queue names, not a single string")
-    names = None if queues is None else [check_name(name, "queue") for name in queues]
-    counts: Dict[str, Dict[str, int]] = {name: {} for name in names or ()}
-    age_s = 0.0
-    with cursor_for(conn) as cur:
-        cur.execute(QUERIES["queue_depth"], {"queues": names})
-        for queue, state, n, row_age_s in cur.fetchall():
-            counts.setdefault(queue, {})[state] = int(n)
-            age_s = max(age_s, float(row_age_s or 0.0))
-    return {name: QueueDepth(queue=name, counts_age_s=age_s, **by_state) for name, by_state in sorted(counts.items())}
+    plan = queue_depth_plan(queues)
+    return adapt(conn).run(plan)

@@ -7,6 +7,7 @@ produce  SDK with an in-memory exporter; inside a "request" span, enqueue
          a follow-up, commit; OUT gets {"ids": ..., "spans": [...]}.
 inline   the same, then run every job inline (awa_pool.testing.drain) in
          this process; OUT gets every span.
+aio      as inline, but the jobs are enqueued with awa_pool.aio on asyncpg.
 blocked  opentelemetry cannot be imported (a finder refuses it and counts
          the attempts): enqueue, enqueue_many, enqueue_batch, drain and
          run_job work, and the import is tried once.
@@ -55,6 +56,24 @@ def enqueue_all(conn) -> dict:
     return {"enqueue": one, "enqueue_many": many, "batch": list(batch.ids), "then": batch.then_id, "own": own}
 
 
+async def enqueue_all_async(dsn: str) -> dict:
+    """enqueue_all's calls, awaited with awa_pool.aio on an asyncpg connection."""
+    import asyncpg
+    from awa_pool import aio
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        async with conn.transaction():
+            one = await aio.enqueue(conn, Job("retry_then_ok", {"times": 2, "delay": 0}))
+            many = await aio.enqueue_many(conn, [Job("add", {"a": 1, "b": 2}), Job("add", {"a": 3, "b": 4}),
+                                                 Job("add", {"a": 0, "b": 0}, metadata={"origin": "import"})])
+            batch = await aio.enqueue_batch(conn, [Job("add", {"a": 5, "b": 6})], then=Job("noop"))
+            own = await aio.enqueue(conn, Job("noop", queue="elsewhere", metadata={"traceparent": OWN}))
+    finally:
+        await conn.close()
+    return {"enqueue": one, "enqueue_many": many, "batch": list(batch.ids), "then": batch.then_id, "own": own}
+
+
 def metadata_of(conn, ids) -> dict:
     return {job_id: awa_pool.get_job(conn, job_id).metadata for job_id in ids}
 
@@ -88,8 +107,13 @@ def main() -> None:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     with trace.get_tracer("tests").start_as_current_span("request"):
-        ids = enqueue_all(conn)
-    if MODE == "inline":
+        if MODE == "aio":
+            import asyncio
+
+            ids = asyncio.run(enqueue_all_async(DSN))
+        else:
+            ids = enqueue_all(conn)
+    if MODE in ("inline", "aio"):
         with conn:
             awa_pool.testing.drain(conn)
     every = [ids["enqueue"], *ids["enqueue_many"], *ids["batch"], ids["then"], ids["own"]]
