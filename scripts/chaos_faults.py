@@ -51,6 +51,7 @@ class Probe:
     detail: str
     outcome: str = "pending"
     seconds: Optional[float] = None
+    waiting_for: str = ""             # while pending: what the last check found missing
 
 
 class Observer(threading.Thread):
@@ -111,12 +112,22 @@ class Observer(threading.Thread):
 
     def unrecovered(self) -> List[str]:
         """A violation for every fault the system never recovered from, by kind."""
-        return [f"{kind} ({probe.detail}) never recovered"
+        return [f"{kind} ({probe.detail}) never recovered" + (f": {probe.waiting_for}" if probe.waiting_for else "")
                 for kind in FAULT_KINDS for probe in self.probes if probe.kind == kind and probe.outcome == "pending"]
 
 
-def session_name(query: str) -> str:
-    """Which of a supervisor's sessions this is, judged by its last query."""
+ROLES = {"listen": "notifier", "leader": "leader", "completer": "completer", "main": "main"}
+
+
+def session_name(session: str) -> str:
+    """Which of a supervisor's sessions this is ("application_name\\nlast
+    query", as backends_by_supervisor gives it): by the role in its name
+    ("awa-pool/17 listen", awa_pool.core.db.session_name), else judged by its
+    last query."""
+    name, _, query = session.partition("\n")
+    role = ROLES.get(name.rsplit(" ", 1)[-1]) if " " in name else None
+    if role is not None:
+        return role
     text = query.lstrip()
     if text.startswith("LISTEN"):
         return "notifier"
@@ -299,14 +310,18 @@ class FaultInjector:
                         (float(db_time), inc.db_id))
             row = cur.fetchone()
             if not (row and row[0]):
+                probe.waiting_for = f"no heartbeat from supervisor {inc.db_id} since the kill"
                 return None
             sessions = backends_by_supervisor(cur, fleet, port).get(inc.pid, [])
             if not any(session_name(query) == "notifier" for _, query in sessions):
+                probe.waiting_for = "no LISTEN session; its sessions: " + "; ".join(
+                    " ".join(session.split())[:80] for _, session in sessions)
                 return None
             fault.until = time.time()  # its sessions, and with them its liveness lock, are back
             return "recovered"
 
-        self.observer.add(Probe("backend_kill", fault.at, check, fault.detail))
+        probe = Probe("backend_kill", fault.at, check, fault.detail)
+        self.observer.add(probe)
         return True
 
     def _server_restart(self) -> bool:

@@ -416,10 +416,10 @@ class Fleet:
 
 
 def backends_by_supervisor(cur: Any, fleet: Fleet, server_port: int) -> Dict[int, List[Tuple[int, str]]]:
-    """Supervisor pid -> [(backend pid, last query)] of its database sessions,
+    """Supervisor pid -> [(backend pid, "application_name\\nlast query")] of its database sessions,
     matched through the client port of each TCP connection and the socket
     inodes the supervisor process holds."""
-    cur.execute("SELECT pid, client_port, coalesce(query, '') FROM pg_stat_activity "
+    cur.execute("SELECT pid, client_port, application_name || E'\\n' || coalesce(query, '') FROM pg_stat_activity "
                 "WHERE datname = current_database() AND application_name LIKE %s AND client_port > 0",
                 (POOL_APP_NAME,))
     sessions = cur.fetchall()
