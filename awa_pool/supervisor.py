@@ -67,9 +67,8 @@ class Supervisor:
         self.turn = LoopTurn()
         self.session = Session(config, on_lost=self._on_db_lost, on_back=self._on_db_back,
                                on_listen=self._on_listen, turn=self.turn)
-        self.completer = BackgroundCompleter(config.dsn, config.max_crashes)
-        self.failures = FailureLog(config.max_crashes)
-        self.completer.on_settled = self.failures.settled
+        self.failures = FailureLog(config.max_crashes)   # its lines, once the completer settled them
+        self.completer = BackgroundCompleter(config.dsn, config.max_crashes, on_settled=self.failures.settled)
         self.children = Children(config.workers, result_max_bytes=config.result_max_bytes,
                                  max_tasks_per_child=config.max_tasks_per_child,
                                  max_memory_per_child=config.max_memory_per_child,

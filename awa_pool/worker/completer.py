@@ -32,7 +32,8 @@ Completer = OutcomeBuffer   # the buffer and its statements, by its former name
 
 
 class BackgroundCompleter:
-    def __init__(self, dsn: str, max_crashes: int) -> None:
+    def __init__(self, dsn: str, max_crashes: int,
+                 on_settled: Optional[Callable[[List[Outcome], list], None]] = None) -> None:
         self.dsn = dsn
         self.max_crashes = max_crashes
         self.buffer = OutcomeBuffer(max_crashes)
@@ -54,7 +55,7 @@ class BackgroundCompleter:
         self.force = False  # flush progress at once (shutdown)
         # After a flush: the outcomes other than successes that went into it
         # and the (job id, new state) it applied (the failure log lines).
-        self.on_settled: Optional[Callable[[List[Outcome], list], None]] = None
+        self.on_settled = on_settled
         # JSON text of results and progress not yet written (buffered or in
         # flight); over PENDING_BYTES_CAP the supervisor claims nothing, and
         # on_relief() is called once it is back under.
