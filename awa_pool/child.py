@@ -271,10 +271,23 @@ def child_main(parent_pid: int, down_fd: int, up_fd: int, status: StatusBlock,
             os._exit(EXIT_CRASHED)
     try:
         flush_spans()  # os._exit skips the tracing SDK's own flush at exit
+        _flush_sentry()
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
         os._exit(0)
+
+
+def _flush_sentry() -> None:
+    """Send the events sentry-sdk still queues (its own flush runs at exit,
+    which os._exit skips); nothing when no one set it up in this child."""
+    sentry = sys.modules.get("sentry_sdk")
+    if sentry is None or not getattr(sentry, "is_initialized", lambda: False)():
+        return
+    try:
+        sentry.flush(timeout=2.0)
+    except Exception:  # reporting must not keep a child from exiting
+        pass
 
 
 def dumps_progress(progress: Any) -> str:

@@ -35,6 +35,7 @@ from .worker.cancels import CancelRelay
 from .worker.children import ChildHandle, Children, Released
 from .worker.claimer import Claimer
 from .worker.completer import BackgroundCompleter
+from .worker.failure_log import FailureLog
 from .worker.handout import HandOut
 from .worker.inflight import Finished
 from .worker.leader import Leader
@@ -66,7 +67,8 @@ class Supervisor:
         self.turn = LoopTurn()
         self.session = Session(config, on_lost=self._on_db_lost, on_back=self._on_db_back,
                                on_listen=self._on_listen, turn=self.turn)
-        self.completer = BackgroundCompleter(config.dsn, config.max_crashes)
+        self.failures = FailureLog(config.max_crashes)   # its lines, once the completer settled them
+        self.completer = BackgroundCompleter(config.dsn, config.max_crashes, on_settled=self.failures.settled)
         self.children = Children(config.workers, result_max_bytes=config.result_max_bytes,
                                  max_tasks_per_child=config.max_tasks_per_child,
                                  max_memory_per_child=config.max_memory_per_child,
@@ -242,6 +244,7 @@ class Supervisor:
                 self._event("recycle", {"pid": child.pid, "reason": reason})
 
     def _record_outcomes(self, outcomes: List[Finished], wake: bool = True) -> None:
+        self.failures.note(outcomes)   # before the completer may settle them
         self.completer.add([finished.outcome for finished in outcomes], more_coming=self.children.any_busy(),
                            wake=wake)
         for finished in outcomes:

@@ -170,7 +170,8 @@ def test_modules_stay_small() -> None:
 # hold or decide scheduling state: the first never loads the second, at any
 # level (SPEC §7: one owner of scheduling state; they exchange messages).
 OTHER_THREADS = ("worker.completer", "worker.outcome_buffer", "worker.flush_policy", "worker.leader",
-                 "worker.maintenance", "worker.liveness", "worker.watchdog", "ops.metrics")
+                 "worker.maintenance", "worker.liveness", "worker.watchdog", "ops.metrics",
+                 "worker.failure_log", "ops.health")
 SCHEDULING_STATE = {"worker.children", "worker.child_handle", "worker.claimer", "worker.handout",
                     "worker.placement", "worker.dispatcher", "supervisor"}
 

@@ -234,6 +234,8 @@ class PoolConfig:
     retention_failed: float = DEFAULT_RETENTION_FAILED_S
     cancel_grace: float = DEFAULT_CANCEL_GRACE_S
     metrics_port: Optional[int] = None
+    health_port: Optional[int] = None     # /livez and /readyz (ops/health.py)
+    health_host: str = "0.0.0.0"
     heartbeat_interval: float = 2.0
     heartbeat_staleness: float = 10.0
     deadline_grace: float = DEFAULT_DEADLINE_GRACE_S  # the leader's backstop, past a job's deadline
@@ -263,6 +265,11 @@ class PoolConfig:
             raise ConfigError(f"max_crashes must be an int >= 1, got {self.max_crashes!r}")
         if self.metrics_port is not None and not (0 <= self.metrics_port <= 65535):
             raise ConfigError(f"metrics port must be 0-65535, got {self.metrics_port}")
+        if self.health_port is not None and (isinstance(self.health_port, bool) or not isinstance(
+                self.health_port, int) or not 0 <= self.health_port <= 65535):
+            raise ConfigError(f"health port must be an int 0-65535, got {self.health_port!r}")
+        if not isinstance(self.health_host, str) or not self.health_host:
+            raise ConfigError(f"health host must be an address to bind, got {self.health_host!r}")
         minimums = sum(q.min for q in self.queues.values())
         if minimums > self.workers:
             raise ConfigError(f"queue minimums add up to {minimums}, more than the {self.workers} workers")

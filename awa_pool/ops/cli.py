@@ -134,6 +134,10 @@ def start(workers: Optional[int] = typer.Option(None, "--workers", "-w", help="C
                                                          help=_default("retention_failed")),
           metrics_port: Optional[int] = typer.Option(None, "--metrics-port",
                                                      help="Serve Prometheus metrics on this port (0 picks one)."),
+          health_port: Optional[int] = typer.Option(
+              None, "--health-port", help="Serve /livez and /readyz (HTTP probes) on this port (0 picks one)."),
+          health_host: str = typer.Option("0.0.0.0", "--health-host",
+                                          help="Address the health probes bind (default: every interface)."),
           log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
           log_format: str = typer.Option("text", "--log-format", help="text or json."),
           migrate_first: bool = typer.Option(False, "--migrate", help="Apply pending migrations first."),
@@ -151,7 +155,8 @@ def start(workers: Optional[int] = typer.Option(None, "--workers", "-w", help="C
 
     configure_logging(log_level, log_format)
     given: Dict[str, Any] = {"max_tasks_per_child": max_tasks_per_child, "max_crashes": max_crashes,
-                             "metrics_port": metrics_port, "session_dsn": session_database_url}
+                             "metrics_port": metrics_port, "session_dsn": session_database_url,
+                             "health_port": health_port, "health_host": health_host}
     for name, text in (("shutdown_timeout", shutdown_timeout), ("connect_timeout", connect_timeout),
                        ("retention_completed", retention_completed), ("retention_failed", retention_failed)):
         if text is not None:

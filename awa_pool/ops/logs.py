@@ -6,7 +6,12 @@ The events that matter each log one line where they happen: supervisor
 start and stop (supervisor.py), leader change (leader.py), a child that
 died with its cause, a recycle, a lost and a regained database connection
 (supervisor.py), a rescued job (maintenance.py), and the metrics endpoint
-(metrics.py). A multi-line traceback stays one JSON object in json format.
+(metrics.py), and each failed attempt, crash, timeout and poison verdict
+(worker/failure_log.py). A multi-line traceback stays one JSON object in
+json format; in text format its lines follow the line they belong to. A
+child's traceback arrives as text: it rides in `exc_text`, which both
+formats print as they print an exception's, and the structured fields of
+a failure line (`awa_fields`) are written by the JSON format.
 """
 from __future__ import annotations
 
@@ -35,6 +40,8 @@ class RedactingFilter(logging.Filter):
             cleaned = cleaned.replace("\n", "\\n")  # one event, one line
         if cleaned != message:
             record.msg, record.args = cleaned, ()
+        if record.exc_info is None and record.exc_text:   # a child's traceback (failure_log.py)
+            record.exc_text = record.exc_text.translate(_CONTROL)
         return True
 
 
@@ -46,7 +53,8 @@ class TextFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, pid, message[, exception]."""
+    """One JSON object per line: ts, level, logger, pid, message, the
+    record's awa_fields if any[, exception]."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -54,8 +62,12 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(), "logger": record.name, "pid": record.process,
             "message": redact(record.getMessage()),
         }
+        for name, value in (getattr(record, "awa_fields", None) or {}).items():
+            entry[name] = redact(value) if isinstance(value, str) else value
         if record.exc_info:
             entry["exception"] = redact(self.formatException(record.exc_info))
+        elif record.exc_text:
+            entry["exception"] = redact(record.exc_text)
         return json.dumps(entry, ensure_ascii=False)
 
 

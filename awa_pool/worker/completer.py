@@ -32,7 +32,8 @@ Completer = OutcomeBuffer   # the buffer and its statements, by its former name
 
 
 class BackgroundCompleter:
-    def __init__(self, dsn: str, max_crashes: int) -> None:
+    def __init__(self, dsn: str, max_crashes: int,
+                 on_settled: Optional[Callable[[List[Outcome], list], None]] = None) -> None:
         self.dsn = dsn
         self.max_crashes = max_crashes
         self.buffer = OutcomeBuffer(max_crashes)
@@ -52,7 +53,9 @@ class BackgroundCompleter:
         self.flushes = 0    # transactions that wrote outcomes
         self.failures = 0
         self.force = False  # flush progress at once (shutdown)
-        self.on_applied: Optional[Callable[[list], None]] = None
+        # After a flush: the outcomes other than successes that went into it
+        # and the (job id, new state) it applied (the failure log lines).
+        self.on_settled = on_settled
         # JSON text of results and progress not yet written (buffered or in
         # flight); over PENDING_BYTES_CAP the supervisor claims nothing, and
         # on_relief() is called once it is back under.
@@ -222,14 +225,15 @@ class BackgroundCompleter:
                     with self.conn.cursor() as cur:
                         cur.execute(QUERIES["worker_session"])
             writes_outcomes = bool(batch.completed or batch.others)
+            settling = list(batch.others)
             with self.conn.cursor() as cur:
                 applied = batch.flush(cur)
             self.failures = 0
             self.flushes += writes_outcomes
             for _, state in applied:
                 self.stats[state] = self.stats.get(state, 0) + 1
-            if self.on_applied is not None and applied:
-                self.on_applied(applied)
+            if self.on_settled is not None and settling:
+                self.on_settled(settling, applied)
         except (psycopg2.Error, AwaError) as exc:
             self.failures += 1
             if self.failures == 1:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import json.scanner
+import logging
 import time
 import traceback
 from typing import Any, Dict, Optional
@@ -18,6 +19,15 @@ from ..core.job import check_json
 from .protocol import ClaimedJob, Outcome
 from ..core.tasks import Task, registered
 from ..core.tracing import attempt_span
+
+# A handler's exception as the child saw it (the exception object, its
+# frames), for in-process integrations such as Sentry's, which read every
+# logger (docs/errors.md). It does not propagate: the log's one line per
+# failure is the supervisor's (failure_log.py), which also covers crashes.
+handler_log = logging.getLogger("awa_pool.handler")
+handler_log.propagate = False
+handler_log.addHandler(logging.NullHandler())
+handler_log.setLevel(logging.WARNING)   # not the root's: a quiet log must not hide them from Sentry
 
 TRACEBACK_MAX_CHARS = 8000
 ERROR_MAX_CHARS = 2000
@@ -82,15 +92,21 @@ def _args_rejected(task: Task, ctx: Optional[JobContext], args: Dict[str, Any]) 
     return None
 
 
-def _failure(task: Task, exc: BaseException) -> tuple:
+def _failure(task: Task, job: ClaimedJob, exc: BaseException) -> tuple:
     """(outcome, error, traceback) of a handler that raised: `failed` (retried
     while attempts remain), or `fatal` when the task's retry policy gives up
-    on this exception. Called inside the except block (for the traceback)."""
+    on this exception. Called inside the except block (for the traceback),
+    with the job still current (current_context()) for handler_log."""
     error, trace = _error_text(exc), _traceback_text()
     reason = task.retry.gives_up(exc) if task.retry is not None else None
+    outcome = "fatal" if reason else "failed"
     if reason:
-        return "fatal", f"{error} (not retried: {reason})", trace
-    return "failed", error, trace
+        error = f"{error} (not retried: {reason})"
+    final = bool(reason) or job.attempt >= job.max_attempts
+    handler_log.log(logging.ERROR if final else logging.WARNING,
+                    "job %d (kind %s, queue %s) failed on attempt %d/%d: %s", job.id, job.kind,
+                    job.queue, job.attempt, job.max_attempts, error, exc_info=exc)
+    return outcome, error, trace
 
 
 @attempt_span  # in an OpenTelemetry span when the package is there
@@ -138,10 +154,10 @@ def run(job: ClaimedJob, channel: Channel, *, result_max_bytes: int = 1024 * 102
         rejected = _args_rejected(task, ctx if task.pass_context else None, args)
         if rejected:
             return finish("fatal", error=rejected)
-        outcome, error, trace = _failure(task, exc)
+        outcome, error, trace = _failure(task, job, exc)
         return finish(outcome, error=error, traceback=trace)
     except (Exception, SystemExit) as exc:
-        outcome, error, trace = _failure(task, exc)
+        outcome, error, trace = _failure(task, job, exc)
         return finish(outcome, error=error, traceback=trace)
     finally:
         reset_current(token)

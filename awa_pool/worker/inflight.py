@@ -29,6 +29,7 @@ class InFlight:
     # The job as sent, kept while it waits in the child so a more urgent job
     # can overtake it (Children.assign sends it again); None for a big one.
     claimed: Optional[ClaimedJob] = None
+    max_attempts: int = 0  # for the failure log lines (failure_log.py)
 
 
 class Finished(NamedTuple):

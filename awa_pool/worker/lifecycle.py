@@ -16,7 +16,7 @@ from .children import ChildHandle, Children
 
 log = logging.getLogger(__name__)
 
-STARTING, RUNNING, DRAINING, STOPPING, STOPPED = "starting", "running", "draining", "stopping", "stopped"
+from .states import DRAINING, RUNNING, STARTING, STOPPED, STOPPING  # noqa: F401  (their names here too)
 STOP_GRACE_S = 5.0   # interrupted children that have not exited by then are killed
 
 

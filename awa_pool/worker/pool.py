@@ -8,7 +8,7 @@ only by `run()`: a process that merely enqueues never loads it.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, TypeVar
 
 from ..core.config import PoolConfig, QueuesArg, parse_queues
 from ..core.db import SESSION_URL_ENV_VAR, check_url, configured_url
@@ -27,7 +27,8 @@ class Pool:
     dict of name -> QueueConfig. Other options mirror `awa-pool start`
     (shutdown_timeout, connect_timeout, max_tasks_per_child,
     max_memory_per_child in bytes, max_crashes, retention_completed,
-    retention_failed in seconds or timedeltas, metrics_port, ...). Without a
+    retention_failed in seconds or timedeltas, metrics_port, health_port
+    and health_host for /livez and /readyz, ...). Without a
     dsn, the configured URL or the embedded Postgres is used. session_dsn
     (else AWA_SESSION_DATABASE_URL) is a direct URL for LISTEN and the
     advisory locks when dsn goes through a transaction-mode pooler.
@@ -97,11 +98,7 @@ class Pool:
         tracing_available()  # decided once, before forking: children inherit the answer
         self.supervisor = Supervisor(self.config)
         self.hooks.attach(self.supervisor)
-        metrics = None
-        if self.config.metrics_port is not None:
-            from ..ops.metrics import attach
-
-            metrics = attach(self.supervisor, self.config.metrics_port)
+        servers = self._serve_http(self.supervisor)
         error: Optional[BaseException] = None
         try:
             code = self.supervisor.run()
@@ -110,11 +107,31 @@ class Pool:
             raise
         finally:
             self.hooks.stopped(error)
-            if metrics is not None:
-                metrics.close()
+            for server in servers:
+                server.close()
         if self.supervisor.signals.host_exit is not None:
             raise self.supervisor.signals.host_exit
         return code
+
+    def _serve_http(self, supervisor: "Supervisor") -> List[Any]:
+        """Bind the health and metrics ports before anything starts: one
+        that cannot be bound stops the pool here, with nothing running."""
+        servers: List[Any] = []
+        try:
+            if self.config.health_port is not None:
+                from ..ops.health import HealthServer
+
+                servers.append(HealthServer(supervisor))
+                servers[-1].serve(self.config.health_port, self.config.health_host)
+            if self.config.metrics_port is not None:
+                from ..ops.metrics import attach
+
+                servers.append(attach(supervisor, self.config.metrics_port))
+        except BaseException:
+            for server in servers:
+                server.close()
+            raise
+        return servers
 
     def stop(self) -> None:
         """Ask a running pool to drain and exit (safe from a signal handler

@@ -49,12 +49,14 @@ class LoopTurn:
     def __init__(self) -> None:
         self.started: Optional[float] = None       # None: waiting for events (select)
         self.statement: Optional[Statement] = None
+        self.turned = False   # a turn has completed (the health probe's "the loop runs")
 
     def begin(self) -> None:
         self.started = time.monotonic()
 
     def idle(self) -> None:
         self.started = None
+        self.turned = True
 
 
 class Watchdog:
