@@ -12,6 +12,7 @@ from .core.errors import (AwaError, Cancel, ConfigError, DatabaseUnavailable, Pa
 from .worker.hooks import OutcomeEvent, PoolInfo
 from .core.job import DEFAULT_UNIQUE_STATES, Job, JobRecord, JobState, Unique
 from .api.migrate import migrate
+from .api.queue_policy import QueuePolicy, set_queue
 from .core.periodic import periodic
 from .core.retry import RetryPolicy
 from .worker.pool import Pool
@@ -23,7 +24,7 @@ from .core.version import __version__
 __all__ = [
     "QueueStats", "cancel_job", "complete_external", "dlq_list", "dlq_purge", "dlq_retry",
     "fail_external", "get_job", "list_jobs", "pause_queue", "queue_stats", "resume_external",
-    "resume_queue", "retry_external", "retry_job", "set_queue_shards", "wait",
+    "resume_queue", "retry_external", "retry_job", "set_queue", "set_queue_shards", "wait", "QueuePolicy",
     "AwaError", "Batch", "Cancel", "ConfigError", "DEFAULT_UNIQUE_STATES", "DatabaseUnavailable",
     "Job", "JobContext", "JobRecord", "JobState", "OutcomeEvent", "PayloadTooLarge", "Pool",
     "PoolConfig", "PoolInfo", "QueueConfig", "Retry", "SchemaMissing", "Snooze", "Task", "Unique",

@@ -145,7 +145,7 @@ class Supervisor:
         self.completer.session_settings = not self.session.pooled
         self.completer.supervisor_id = self.supervisor_id
         self.claimer.start(self.queues, self.supervisor_id)
-        self.claimer.apply_settings(registration.shards, registration.paused)
+        self.claimer.apply_settings(registration.settings)
 
     def _install_signals(self) -> None:
         self.events.watch_wakeup(self.signals.install())
@@ -381,7 +381,7 @@ class Supervisor:
     def _refresh_settings(self) -> None:
         settings = self.db("reading queue settings", lambda cur: read_queue_settings(cur, self.queues))
         if settings is not None:
-            self.claimer.apply_settings(*settings)
+            self.claimer.apply_settings(settings)
 
     def _on_notify(self) -> None:
         if not self.session.notifier.connected:

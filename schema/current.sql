@@ -345,7 +345,7 @@ CREATE TABLE awa.queues (
     paused      boolean NOT NULL DEFAULT false,
     paused_at   timestamptz,
     shards      smallint NOT NULL DEFAULT 1 CHECK (shards BETWEEN 1 AND 64),
-    dlq         boolean NOT NULL DEFAULT false,
+    dlq         boolean,             -- NULL: nobody set it (no dead-lettering; 0030)
     rate_per_s  double precision CHECK (rate_per_s IS NULL OR rate_per_s > 0),
     tokens      double precision NOT NULL DEFAULT 0,
     tokens_at   timestamptz NOT NULL DEFAULT now(),
@@ -3030,4 +3030,6 @@ INSERT INTO awa.schema_migrations (version, name) VALUES
     (25, 'flat_queue_reads'),
     (26, 'rescue_spares_live_supervisors'),
     (27, 'retry_policy_and_expiry'),
-    (28, 'insert_into_jobs');
+    (28, 'insert_into_jobs'),
+    (29, 'reserved_for_workflows'),
+    (30, 'queue_policy');

@@ -125,14 +125,30 @@ def _int(text: str, spec: str, what: str) -> int:
 
 
 def _rate(text: str, spec: str) -> float:
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(?:/\s*(s|sec|second|m|min|minute|h|hour))?\s*", text)
-    if not match:
-        raise ConfigError(f"--queue {spec!r}: rate must look like 10/s, 30/m or 100/h, got {text.strip()!r}")
-    per = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
-    value = float(match.group(1)) / per[match.group(2) or "s"]
-    if not value > 0:
-        raise ConfigError(f"--queue {spec!r}: rate must be > 0")
-    return value
+    try:
+        return parse_rate(text)
+    except ConfigError as exc:
+        raise ConfigError(f"--queue {spec!r}: {exc}") from None
+
+
+_RATE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(?:/\s*(s|sec|second|m|min|minute|h|hour))?\s*")
+_RATE_PER = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
+
+
+def parse_rate(value: Union[str, int, float], what: str = "rate") -> float:
+    """Jobs per second from `10/s`, `30/m`, `100/h` or a number per second."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise TypeError(f"{what} must be a number per second or text like 10/s, not {type(value).__name__}")
+    if isinstance(value, str):
+        match = _RATE.fullmatch(value)
+        if not match:
+            raise ConfigError(f"{what} must look like 10/s, 30/m or 100/h, got {value.strip()[:40]!r}")
+        per_s = float(match.group(1)) / _RATE_PER[match.group(2) or "s"]
+    else:
+        per_s = float(value)
+    if not per_s > 0 or per_s == float("inf"):
+        raise ConfigError(f"{what} must be > 0, got {value!r}")
+    return per_s
 
 
 _DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|sec|m|min|h|d|w)?\s*", re.I)

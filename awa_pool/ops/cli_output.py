@@ -276,6 +276,31 @@ def queue_json(overview: Any) -> dict:
     return value
 
 
+def policy_json(policy: Any) -> dict:
+    return jsonable(policy)
+
+
+def policy_line(policy: Any) -> str:
+    """A queue's fleet-wide policy in one line (`queues set`, `queues show`)."""
+    dlq = {True: "on", False: "off", None: "unset (off)"}[policy.dlq]
+    limit = f"{policy.rate:g}/s" if policy.rate is not None else "none"
+    return f"rate {limit}, dlq {dlq}, {policy.shards} lane(s)" + (", paused" if policy.paused else "")
+
+
+def queue_page(policy: Any, stats: Any) -> str:
+    """`awa-pool queues show Q`: the policy, then the jobs by state."""
+    lines = [f"queue {policy.queue}", f"  policy: {policy_line(policy)}"]
+    if stats is None:
+        lines.append("  jobs: none yet")
+    else:
+        lines.append(f"  jobs: {stats.available} available, {stats.running} running, {stats.scheduled} scheduled, "
+                     f"{stats.retryable} retryable, {stats.waiting_external} waiting, {stats.completed} completed, "
+                     f"{stats.failed} failed, {stats.cancelled} cancelled")
+        lines.append(f"  lag {seconds(stats.lag_seconds)}, {rate(stats.jobs_per_s)} jobs/s over the last minute"
+                     + census_note([stats]))
+    return "\n".join(lines)
+
+
 def kinds_table(kinds: Sequence[Any], window: Optional[str] = None, sample: int = 0) -> str:
     rows = [[k.kind, k.runs, k.completed, k.failures, k.crashes, k.timeouts,
              f"{seconds(k.wall_p50)} / {seconds(k.wall_p95)}",

@@ -1,8 +1,8 @@
-"""awa-pool queues ... and awa-pool cron ...: per-queue statistics, pausing
-and sharding; periodic jobs."""
+"""awa-pool queues ... and awa-pool cron ...: per-queue statistics, pausing,
+the fleet-wide policy (set, show); periodic jobs."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Dict, Optional
 
 import typer
 
@@ -67,20 +67,66 @@ def queues_resume(ctx: typer.Context, name: str = typer.Argument(..., metavar="Q
     say(f"queue {name!r} resumed")
 
 
+def _cleared(text: Optional[str], parse: Callable[[str], Any]) -> Any:
+    """A CLI value where `none` clears the setting (SPEC §11)."""
+    return None if text.strip().lower() == "none" else parse(text)
+
+
+def _limit(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise UserError(f"expected a positive integer or none, got {text.strip()[:40]!r}") from None
+
+
 @queues_app.command("set")
 def queues_set(ctx: typer.Context, name: str = typer.Argument(..., metavar="QUEUE"),
-               shards: int = typer.Option(..., "--shards", min=1, max=64,
-                                          help="Lanes, each strict FIFO (1 = the whole queue)."),
-               force: bool = FORCE, database_url: Optional[str] = DB_URL) -> None:
-    """Change a queue's shared settings (stored in the database, so producers
-    and every supervisor agree): --shards N splits it into N FIFO lanes."""
-    from ..api.admin import set_queue_shards
+               rate: Optional[str] = typer.Option(None, "--rate", metavar="R/s",
+                                                  help="Job starts per second across the fleet (10/s, 30/m; none clears)."),
+               dlq: Optional[bool] = typer.Option(None, "--dlq/--no-dlq",
+                                                  help="Dead-letter the queue's exhausted jobs, or not."),
+               shards: Optional[str] = typer.Option(None, "--shards", metavar="N",
+                                                    help="Lanes, each strict FIFO (1-64; 1 = the whole queue)."),
+               force: bool = FORCE, database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
+    """Change a queue's fleet-wide policy (stored in the database, so producers
+    and every supervisor agree; running supervisors apply it within seconds).
+    Settings not given stay as they are."""
+    from ..api.queue_policy import set_queue
 
+    settings: Dict[str, Any] = {}
+    if rate is not None:
+        settings["rate"] = _cleared(rate, str)
+    if dlq is not None:
+        settings["dlq"] = dlq
+    if shards is not None:
+        settings["shards"] = _cleared(shards, _limit)
+    if not settings:
+        raise UserError("nothing to set: give --rate, --dlq/--no-dlq or --shards")
     with connection(_group_url(ctx, database_url)) as conn:
         _require_known_queue(conn, name, force)
-        moved = set_queue_shards(conn, name, shards)
+        policy = set_queue(conn, name, **settings)
         conn.commit()
-    say(f"queue {name!r} now has {shards} lane(s); {moved} waiting job(s) placed in their lanes")
+    if json_out:
+        emit_json(out.policy_json(policy))
+    else:
+        say(f"queue {name!r} set: " + out.policy_line(policy))
+
+
+@queues_app.command("show")
+def queues_show(ctx: typer.Context, name: str = typer.Argument(..., metavar="QUEUE"),
+                database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
+    """A queue's fleet-wide policy and its jobs by state."""
+    from ..api.queue_policy import QueuePolicy, queue_policy
+    from .stats import queue_stats
+
+    with connection(_group_url(ctx, database_url)) as conn:
+        _require_known_queue(conn, name, False)
+        policy = queue_policy(conn, name) or QueuePolicy(queue=name)
+        stats = next((row for row in queue_stats(conn) if row.queue == name), None)
+    if json_out:
+        emit_json(dict(out.policy_json(policy), stats=out.queue_json(stats) if stats else None))
+    else:
+        say(out.queue_page(policy, stats))
 
 
 def _require_known_queue(conn: Any, name: str, force: bool) -> None:

@@ -62,6 +62,11 @@ class QueueStats(QueueDepth):
     # rate of the newest 10,000, so a fast drain does not make the read slow.
     finished_10s: int = 0
     finished_60s: int = 0
+    # The queue's fleet-wide policy (awa.queues, SPEC §11): job starts per
+    # second, dead-lettering (None: nobody set it, so none) and lanes.
+    rate: Optional[float] = None
+    dlq: Optional[bool] = None
+    shards: int = 1
 
     @property
     def jobs_per_s(self) -> float:
@@ -160,7 +165,8 @@ def queue_stats(conn: Any) -> List[QueueStats]:
         cur.execute(QUERIES["queue_stats"])
         rows = _rows(cur)
     return [QueueStats(queue=row["queue"], paused=bool(row["paused"]), lag_seconds=float(row["lag_s"] or 0.0),
-                       counts_age_s=float(row["counts_age_s"] or 0.0), **{name: int(row[name]) for name in _COUNTS})
+                       counts_age_s=float(row["counts_age_s"] or 0.0), rate=row["rate_per_s"], dlq=row["dlq"],
+                       shards=int(row["shards"]), **{name: int(row[name]) for name in _COUNTS})
             for row in rows]
 
 

@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Set,
 from . import dispatcher, fetcher, ownership
 from ..core.config import PoolConfig, QueueConfig
 from .placement import JobTimes
+from .registration import QueueSettings
 from .protocol import ClaimedJob, Outcome
 
 LEASE_COUNTER_BITS = 40       # leases: supervisor id above, claim counter below
@@ -49,6 +50,7 @@ class Claimer:
         self.queues: Dict[str, QueueConfig] = {}
         self.blocked_until: Dict[str, float] = {}
         self.shards: Dict[str, int] = {}
+        self.rates: Dict[str, Optional[float]] = {}   # the fleet's, from awa.queues
         # weighted turns across plans, priced in child time; it also holds the work flags
         self.stride = dispatcher.Stride(cost=self.turn_seconds)
         self.lane_cursor = random.randrange(1 << 16)
@@ -79,11 +81,12 @@ class Claimer:
         claims them at once for the children placement names."""
         self.rushing.update(name for name in names if name in self.queues)
 
-    def apply_settings(self, shards: Dict[str, int], paused: Dict[str, bool]) -> None:
+    def apply_settings(self, settings: Dict[str, QueueSettings]) -> None:
         """The fleet's queue settings, read at start and every few seconds."""
-        self.shards.update(shards)
-        for name, is_paused in paused.items():
-            if is_paused:
+        for name, queue in settings.items():
+            self.shards[name] = queue.shards
+            self.rates[name] = queue.rate
+            if queue.paused:
                 self.no_work(name)
 
     def no_work(self, name: str) -> None:
@@ -149,7 +152,7 @@ class Claimer:
             self._count(name, got)
             if len(rows) >= want:
                 return rows
-        rate = self.queues[name].rate
+        rate = self.rates.get(name)
         if rate is not None:
             self.blocked_until[name] = now + min(1.0, max(0.01, 1.0 / rate))
         else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Tuple
+from typing import Any, Dict, Iterable, List, Optional
 
 import psycopg2
 
@@ -26,10 +26,20 @@ from ..core.version import __version__
 
 
 @dataclass(frozen=True)
+class QueueSettings:
+    """What a supervisor applies from a queue's fleet-wide policy (awa.queues)."""
+
+    shards: int = 1
+    paused: bool = False
+    rate: Optional[float] = None   # job starts per second across the fleet
+
+
+@dataclass(frozen=True)
 class Registration:
     supervisor_id: int
-    shards: Dict[str, int]      # per served queue, from awa.queues
-    paused: Dict[str, bool]
+    settings: Dict[str, QueueSettings]   # per served queue that awa.queues has
+    # --queue rate=/dlq values the database overrode (SPEC §11), to warn about
+    conflicts: List[str]
 
 
 def register(conn: Any, queues: Dict[str, QueueConfig], workers: int, pid: int, *,
@@ -49,15 +59,30 @@ def register(conn: Any, queues: Dict[str, QueueConfig], workers: int, pid: int, 
         if session_settings:
             cur.execute(QUERIES["loop_session"])
             cur.execute(QUERIES["name_session"], {"name": session_name("main", supervisor_id)})
-        for name, queue in queues.items():
-            cur.execute(QUERIES["configure_queue"], {"name": name, "dlq": queue.dlq, "rate": queue.rate})
+        conflicts = [_fill_policy(cur, name, queue) for name, queue in sorted(queues.items())]
         tasks = sorted(all_tasks().values(), key=lambda declared: declared.kind)
         cur.execute(QUERIES["register_task_defaults"], {
             "kinds": [t.kind for t in tasks], "timeouts": [t.timeout for t in tasks]})
     register_schedules(conn)
     with conn.cursor() as cur:
-        shards, paused = read_queue_settings(cur, queues)
-    return Registration(supervisor_id, shards, paused)
+        settings = read_queue_settings(cur, queues)
+    return Registration(supervisor_id, settings, [conflict for conflict in conflicts if conflict])
+
+
+def _fill_policy(cur: Any, name: str, queue: QueueConfig) -> str:
+    """Write the spec's rate=/dlq where the queue has none; a description of
+    what the database kept instead of what the spec named, or ""."""
+    cur.execute(QUERIES["configure_queue"], {"name": name, "dlq": True if queue.dlq else None, "rate": queue.rate})
+    dlq, rate = cur.fetchone()
+    kept = []
+    if queue.rate is not None and rate is not None and abs(rate - queue.rate) > 1e-9 * queue.rate:
+        kept.append(f"rate={queue.rate:g}/s (the database has {rate:g}/s)")
+    if queue.dlq and dlq is False:
+        kept.append("dlq (the database has dead-lettering off)")
+    if not kept:
+        return ""
+    return (f"queue {name!r}: --queue {' and '.join(kept)}: the database's value holds "
+            f"(change it with: awa-pool queues set {name} ...)")
 
 
 def served_queues(configured: Dict[str, QueueConfig]) -> Dict[str, QueueConfig]:
@@ -72,11 +97,11 @@ def served_queues(configured: Dict[str, QueueConfig]) -> Dict[str, QueueConfig]:
     return queues
 
 
-def read_queue_settings(cur: Any, queues: Iterable[str]) -> Tuple[Dict[str, int], Dict[str, bool]]:
-    """(shards, paused) of the named queues, as awa.queues has them now."""
+def read_queue_settings(cur: Any, queues: Iterable[str]) -> Dict[str, QueueSettings]:
+    """The named queues' settings, as awa.queues has them now."""
     cur.execute(QUERIES["queue_settings"], {"names": sorted(queues)})
-    rows = cur.fetchall()
-    return {name: shards for name, shards, _ in rows}, {name: paused for name, _, paused in rows}
+    return {name: QueueSettings(shards=shards, paused=paused, rate=rate)
+            for name, shards, paused, rate in cur.fetchall()}
 
 
 def _register_row(cur: Any, values: Dict[str, Any], attempts: int = 20) -> int:

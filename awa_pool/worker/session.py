@@ -104,6 +104,8 @@ class Session:
                     log.warning("lost the database during start-up (%s); starting over for up to %.0fs",
                                 first_line(exc), remaining)
                 time.sleep(min(remaining, self.backoff(_retry_state(attempt))))
+        for conflict in registration.conflicts:   # after the retries: once per start
+            log.warning("%s", conflict)
         if self.pooled and not self.config.session_dsn:
             log.warning("the database URL goes through a transaction-mode pooler: polling every 0.2s for "
                         "jobs and cancels, not campaigning for leader, no liveness lock (give "

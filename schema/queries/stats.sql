@@ -13,7 +13,10 @@
 -- counts are: 0 when counted now, above a big backlog the age of the
 -- leader's census). Terminal counts come from the history's running
 -- counts, so the cost grows neither with history nor with the backlog.
-SELECT * FROM awa.queue_stats()
+-- The queue's policy (awa.queues) comes with it.
+SELECT s.*, q.rate_per_s, q.dlq, coalesce(q.shards, 1) AS shards
+  FROM awa.queue_stats() s LEFT JOIN awa.queues q ON q.name = s.queue
+ ORDER BY s.queue
 
 -- name: live_supervisors
 -- Supervisors that heartbeat recently and have not stopped, with the stats

@@ -115,14 +115,19 @@ UPDATE awa.supervisors SET stopped_at = now(), is_leader = false, stats = %(stat
 SELECT id, lease FROM awa.jobs_hot WHERE state = 'running' AND supervisor_id = %(id)s
 
 -- name: configure_queue
--- A queue's shared settings, as this supervisor's --queue options give them.
-INSERT INTO awa.queues (name, dlq, rate_per_s, tokens)
+-- A supervisor's --queue rate=/dlq fill only what awa.queues lacks: queue
+-- policy is the database's (SPEC §11), so a supervisor started without them
+-- clears nothing. Returns the values that hold, for the warning when the
+-- supervisor named others.
+INSERT INTO awa.queues AS q (name, dlq, rate_per_s, tokens)
 VALUES (%(name)s, %(dlq)s, %(rate)s, coalesce(%(rate)s, 0))
 ON CONFLICT (name) DO UPDATE
-   SET dlq = excluded.dlq, rate_per_s = excluded.rate_per_s
+   SET dlq = coalesce(q.dlq, excluded.dlq), rate_per_s = coalesce(q.rate_per_s, excluded.rate_per_s)
+RETURNING q.dlq, q.rate_per_s
 
 -- name: queue_settings
-SELECT name, shards, paused FROM awa.queues WHERE name = ANY(%(names)s)
+-- What a running supervisor applies from the fleet's settings (read every few seconds).
+SELECT name, shards, paused, rate_per_s FROM awa.queues WHERE name = ANY(%(names)s)
 
 -- name: job_cancelled
 -- Whether a job was really cancelled: a cancel notification is only a hint
