@@ -3031,5 +3031,4 @@ INSERT INTO awa.schema_migrations (version, name) VALUES
     (26, 'rescue_spares_live_supervisors'),
     (27, 'retry_policy_and_expiry'),
     (28, 'insert_into_jobs'),
-    (29, 'reserved_for_workflows'),
-    (30, 'queue_policy');
+    (29, 'queue_policy');
