@@ -147,6 +147,28 @@ def pools(processes: Processes, dsn: str, tmp_path: Path) -> Pools:
 
 
 @pytest.fixture
+def private_server(tmp_path: Path):
+    """A PostgreSQL server of the test's own, with a migrated database
+    "outage", that the test may stop and start (outage tests); skipped
+    where no server binaries are found."""
+    import awa_pool
+    from pgserver import PrivateServer, unavailable
+
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    server = PrivateServer.create(["127.0.0.1"])
+    try:
+        server.execute("CREATE DATABASE outage")
+        with connection(server.url("outage")) as conn:
+            awa_pool.migrate(conn)
+            conn.commit()
+        yield server
+    finally:
+        server.remove()
+
+
+@pytest.fixture
 def loopless_supervisor(dsn: str):
     """A supervisor started but not running (its session, LISTEN and
     completer; children are spawned by the test) serving apps.gates: its

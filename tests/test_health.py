@@ -22,7 +22,7 @@ from awa_pool.core.errors import ConfigError
 from awa_pool.ops.health import HealthServer
 from awa_pool.supervisor import Supervisor
 from cli_run import cli
-from helpers import connection, enqueue_jobs, scalar, wait_for
+from helpers import enqueue_jobs, scalar, wait_for
 
 SERVING = re.compile(r"serving health probes on http://127\.0\.0\.1:(\d+)/livez")
 
@@ -73,24 +73,6 @@ def test_probes_through_start_and_drain(dsn, pools, tmp_path):
     assert scalar(dsn, "SELECT state::text FROM awa.jobs WHERE id = %s", (job_id,)) == "completed"
     with pytest.raises(OSError):
         probe(port, "/livez")   # the server went with the supervisor
-
-
-@pytest.fixture
-def private_server(tmp_path):
-    from pgserver import PrivateServer, unavailable
-
-    reason = unavailable()
-    if reason:
-        pytest.skip(reason)
-    server = PrivateServer.create(["127.0.0.1"])
-    try:
-        server.execute("CREATE DATABASE outage")
-        with connection(server.url("outage")) as conn:
-            awa_pool.migrate(conn)
-            conn.commit()
-        yield server
-    finally:
-        server.remove()
 
 
 @pytest.mark.xdist_group("outages")

@@ -23,7 +23,7 @@ import awa_pool
 from awa_pool import Job
 from awa_pool.core.config import PoolConfig
 from awa_pool.supervisor import Supervisor
-from helpers import connection, exec_records, query, scalar, wait_for
+from helpers import exec_records, query, scalar, wait_for
 
 pytestmark = pytest.mark.xdist_group("outages")
 
@@ -70,24 +70,6 @@ def _gated_jobs(dsn: str, tmp_path, count: int) -> "tuple[list, object]":
 def _starts(tmp_path) -> Counter:
     path = tmp_path / "starts.log"
     return Counter(int(line.split()[1]) for line in path.read_text().splitlines()) if path.exists() else Counter()
-
-
-@pytest.fixture
-def private_server(tmp_path):
-    from pgserver import PrivateServer, unavailable
-
-    reason = unavailable()
-    if reason:
-        pytest.skip(reason)
-    server = PrivateServer.create(["127.0.0.1"])
-    try:
-        server.execute("CREATE DATABASE outage")
-        with connection(server.url("outage")) as conn:
-            awa_pool.migrate(conn)
-            conn.commit()
-        yield server
-    finally:
-        server.remove()
 
 
 def test_a_server_restart_while_outcomes_wait_runs_each_job_once(private_server, tmp_path) -> None:

@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional, Tuple
 
 from ..worker.states import RUNNING, STOPPED
+from .serving import stop_serving
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +113,5 @@ class HealthServer:
         return self.port
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
-        if self.thread is not None:
-            self.thread.join(timeout=5)
-            self.thread = None
+        stop_serving(self.server, self.thread)
+        self.server = self.thread = None

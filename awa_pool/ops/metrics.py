@@ -31,6 +31,7 @@ from ..worker.inflight import Finished
 from ..worker.outcomes import RAN
 from ..worker.protocol import ClaimedJob
 from ..core.sql import QUERIES
+from .serving import stop_serving
 from .stats import queue_stats
 from ..core.version import __version__
 
@@ -179,13 +180,8 @@ class Metrics:
         return self.port
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
-        if self.thread is not None:
-            self.thread.join(timeout=5)
-            self.thread = None
+        stop_serving(self.server, self.thread)
+        self.server = self.thread = None
 
 
 class _LiveCollector:

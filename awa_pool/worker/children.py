@@ -136,8 +136,7 @@ class Children:
         child.patience = max(TAKE_BACK_AFTER_S, patience)
         start = child.next_position
         child.inflight.extend(InFlight(job.id, job.lease, job.kind, job.queue, job.timeout_s, start + i,
-                                       job.attempt, job if job.payload_bytes <= RESEND_MAX_BYTES else None,
-                                       job.max_attempts)
+                                       job.attempt, job if job.payload_bytes <= RESEND_MAX_BYTES else None, job.max_attempts)
                               for i, job in enumerate(jobs))
         child.next_position = start + len(jobs)
         child.refill_wanted = False
