@@ -345,7 +345,7 @@ CREATE TABLE awa.queues (
     paused      boolean NOT NULL DEFAULT false,
     paused_at   timestamptz,
     shards      smallint NOT NULL DEFAULT 1 CHECK (shards BETWEEN 1 AND 64),
-    dlq         boolean,             -- NULL: nobody set it (no dead-lettering; 0030)
+    dlq         boolean,             -- NULL: nobody set it (no dead-lettering; 0029)
     rate_per_s  double precision CHECK (rate_per_s IS NULL OR rate_per_s > 0),
     tokens      double precision NOT NULL DEFAULT 0,
     tokens_at   timestamptz NOT NULL DEFAULT now(),
