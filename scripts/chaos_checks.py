@@ -5,6 +5,7 @@ log (written by chaos_load), read back here by `ExecLog`."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections import Counter, defaultdict
@@ -151,13 +152,24 @@ def leftover_processes(run_id: str) -> List[str]:
     return [f"orphan processes left after every supervisor stopped: {left}"]
 
 
+# A record's first line in the supervisor's text log (awa_pool.ops.logs.TEXT_FORMAT).
+LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ \[\d+\] (?P<logger>[\w.]+): ")
+
+
 def supervisor_tracebacks(incarnations: List[Incarnation]) -> List[str]:
+    """Tracebacks of the supervisor's own: a handler's traceback follows its
+    job's failure line (logger awa_pool.failures) and is not one."""
     violations = []
     for inc in incarnations:
-        text = inc.log_path.read_text(errors="replace")
-        if "Traceback" in text:
-            first = text[text.index("Traceback"):].splitlines()[:12]
-            violations.append(f"traceback in supervisor log {inc.log_path.name}: " + " | ".join(first))
+        lines = inc.log_path.read_text(errors="replace").splitlines()
+        for index, line in enumerate(lines):
+            if "Traceback" not in line or LOG_RECORD.match(line):
+                continue
+            before = LOG_RECORD.match(lines[index - 1]) if index else None
+            if before is None or before.group("logger") != "awa_pool.failures":
+                violations.append(f"traceback in supervisor log {inc.log_path.name}: "
+                                  + " | ".join(lines[index:index + 12]))
+                break
     return violations
 
 
