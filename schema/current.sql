@@ -350,7 +350,9 @@ CREATE TABLE awa.queues (
     tokens      double precision NOT NULL DEFAULT 0,
     tokens_at   timestamptz NOT NULL DEFAULT now(),
     next_lane   bigint NOT NULL DEFAULT 0,
-    created_at  timestamptz NOT NULL DEFAULT now()
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    -- at most this many of the queue's jobs running across the fleet (0030)
+    global_max  integer CHECK (global_max IS NULL OR global_max > 0)
 ) WITH (vacuum_truncate = false);
 
 -- 2.6 Unique keys: one row per key, pointing at the job that holds it.
@@ -1183,12 +1185,14 @@ END $$;
 -- job waiting longer than p_aging_s counts one level more urgent per
 -- interval, down to 1. Each priority level is read from the claim index in
 -- run_at order, so aging needs no sort of the whole backlog. Paused queues
--- yield nothing; rate-limited queues take tokens from the shared bucket
--- first. The deadline is built from the job's own timeout, else its task's
--- (awa.task_defaults), and the timeout returned is read off that deadline:
--- the supervisor enforces the value the database backstops. A job past its
--- expires_at is skipped, so it never starts even before the leader's next
--- awa.expire_jobs cancels it.
+-- yield nothing; a queue with a global_max claims at most what the fleet's
+-- running jobs of the queue leave of it (counted under the queue row's lock,
+-- so the fleet's claims of the queue take turns: 0030); rate-limited queues
+-- then take tokens from the shared bucket. The deadline is built from the
+-- job's own timeout, else its task's (awa.task_defaults), and the timeout
+-- returned is read off that deadline: the supervisor enforces the value the
+-- database backstops. A job past its expires_at is skipped, so it never
+-- starts even before the leader's next awa.expire_jobs cancels it.
 CREATE FUNCTION awa.claim(
     p_queue text, p_limit integer, p_supervisor bigint,
     p_aging_s double precision DEFAULT 60, p_lane smallint DEFAULT 0, p_lease bigint DEFAULT NULL,
@@ -1206,10 +1210,11 @@ DECLARE
     v_paused  boolean;
     v_rate    double precision;
     v_shards  smallint;
+    v_max     integer;
     v_want    integer := p_limit;
     v_got     integer;
 BEGIN
-    SELECT q.paused, q.rate_per_s, q.shards INTO v_paused, v_rate, v_shards
+    SELECT q.paused, q.rate_per_s, q.shards, q.global_max INTO v_paused, v_rate, v_shards, v_max
       FROM awa.queues q WHERE q.name = p_queue;
     IF v_paused THEN
         RETURN;
@@ -1219,8 +1224,20 @@ BEGIN
         -- over lanes, so they rarely wait on each other).
         PERFORM pg_advisory_xact_lock(hashtextextended(p_queue || E'\x1f' || p_lane, 1793));
     END IF;
+    IF v_max IS NOT NULL THEN
+        -- Fleet-wide: the lock makes the queue's claims take turns, and the
+        -- count (a statement of its own, so a snapshot taken after the lock)
+        -- sees every claim before this one. A slot frees when the outcome
+        -- that ends the job's running state commits, whatever the outcome.
+        PERFORM 1 FROM awa.queues q WHERE q.name = p_queue FOR UPDATE;
+        v_want := least(v_want, v_max - (SELECT count(*) FROM awa.jobs_hot h
+                                          WHERE h.state = 'running' AND h.queue = p_queue)::integer);
+        IF v_want <= 0 THEN
+            RETURN;
+        END IF;
+    END IF;
     IF v_rate IS NOT NULL THEN
-        v_want := awa.take_tokens(p_queue, p_limit);
+        v_want := awa.take_tokens(p_queue, v_want);
     END IF;
     IF v_want <= 0 THEN
         RETURN;

@@ -135,7 +135,7 @@ def test_queue_stats_reports_the_policy(dsn):
 def test_cli_sets_and_shows_the_policy(dsn):
     enqueue_jobs(dsn, [Job("noop", queue="render")])
     out = ok("queues", "set", "render", "--rate", "10/s", "--dlq", "--database-url", dsn)
-    assert "rate 10/s, dlq on, 1 lane(s)" in out
+    assert "rate 10/s, dlq on, global max no limit, 1 lane(s)" in out
     shown = json.loads(ok("queues", "show", "render", "--json", "--database-url", dsn))
     assert (shown["queue"], shown["rate"], shown["dlq"], shown["shards"]) == ("render", 10.0, True, 1)
     assert shown["stats"]["available"] == 1

@@ -16,7 +16,7 @@ from ..core.job import check_name
 from ..core.sql import QUERIES
 from .drivers import cursor_for
 
-SETTINGS = ("rate", "dlq", "shards")
+SETTINGS = ("rate", "dlq", "global_max", "shards")
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class QueuePolicy:
     rate: Optional[float] = None
     dlq: Optional[bool] = None
     shards: int = 1
+    global_max: Optional[int] = None   # at most this many of its jobs running across the fleet
 
 
 def _checked(settings: Dict[str, Any]) -> Dict[str, Any]:
@@ -47,6 +48,11 @@ def _checked(settings: Dict[str, Any]) -> Dict[str, Any]:
         if dlq is not None and not isinstance(dlq, bool):
             raise TypeError(f"dlq must be True, False or None, not {type(dlq).__name__}")
         values["dlq"] = dlq
+    if "global_max" in settings:
+        limit = settings["global_max"]
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"global_max must be a positive int or None, got {limit!r}")
+        values["global_max"] = limit
     if "shards" in settings:
         shards = 1 if settings["shards"] is None else settings["shards"]
         if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= 64:
@@ -59,17 +65,20 @@ def set_queue(conn: Any, queue: str, **settings: Any) -> QueuePolicy:
     """Set a queue's fleet-wide policy; returns it as stored afterwards.
 
     rate: job starts per second across all supervisors (10, "10/s", "30/m");
-    dlq: exhausted jobs go to the dead-letter queue; shards: FIFO lanes
+    dlq: exhausted jobs go to the dead-letter queue; global_max: at most
+    this many of the queue's jobs running at once across all supervisors
+    (a slot frees when the job's outcome commits); shards: FIFO lanes
     (1-64; changing it moves waiting jobs to their lanes). None clears a
     setting. Running supervisors apply a change within a few seconds.
     Settings not named stay as they are."""
     name = check_name(queue, "queue")
     values = _checked(settings)
     with cursor_for(conn) as cur:
-        if "rate" in values or "dlq" in values:
+        if values.keys() - {"shards"}:
             cur.execute(QUERIES["set_queue"], {
                 "name": name, "rate": values.get("rate"), "dlq": values.get("dlq"),
-                "set_rate": "rate" in values, "set_dlq": "dlq" in values})
+                "global_max": values.get("global_max"), "set_rate": "rate" in values,
+                "set_dlq": "dlq" in values, "set_global_max": "global_max" in values})
         if "shards" in values:
             cur.execute(QUERIES["set_queue_shards"], {"name": name, "shards": values["shards"]})
     policy = queue_policy(conn, name)
@@ -84,5 +93,6 @@ def queue_policy(conn: Any, queue: str) -> Optional[QueuePolicy]:
         row = cur.fetchone()
     if row is None:
         return None
-    name, paused, rate, dlq, shards = row
-    return QueuePolicy(queue=name, paused=bool(paused), rate=rate, dlq=dlq, shards=int(shards))
+    name, paused, rate, dlq, shards, global_max = row
+    return QueuePolicy(queue=name, paused=bool(paused), rate=rate, dlq=dlq, shards=int(shards),
+                       global_max=global_max)

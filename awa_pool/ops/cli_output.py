@@ -284,7 +284,9 @@ def policy_line(policy: Any) -> str:
     """A queue's fleet-wide policy in one line (`queues set`, `queues show`)."""
     dlq = {True: "on", False: "off", None: "unset (off)"}[policy.dlq]
     limit = f"{policy.rate:g}/s" if policy.rate is not None else "none"
-    return f"rate {limit}, dlq {dlq}, {policy.shards} lane(s)" + (", paused" if policy.paused else "")
+    running = f"{policy.global_max}" if policy.global_max is not None else "no limit"
+    return (f"rate {limit}, dlq {dlq}, global max {running}, {policy.shards} lane(s)"
+            + (", paused" if policy.paused else ""))
 
 
 def queue_page(policy: Any, stats: Any) -> str:
@@ -293,7 +295,8 @@ def queue_page(policy: Any, stats: Any) -> str:
     if stats is None:
         lines.append("  jobs: none yet")
     else:
-        lines.append(f"  jobs: {stats.available} available, {stats.running} running, {stats.scheduled} scheduled, "
+        limit = f" (of {policy.global_max} fleet-wide)" if policy.global_max is not None else ""
+        lines.append(f"  jobs: {stats.available} available, {stats.running} running{limit}, {stats.scheduled} scheduled, "
                      f"{stats.retryable} retryable, {stats.waiting_external} waiting, {stats.completed} completed, "
                      f"{stats.failed} failed, {stats.cancelled} cancelled")
         lines.append(f"  lag {seconds(stats.lag_seconds)}, {rate(stats.jobs_per_s)} jobs/s over the last minute"

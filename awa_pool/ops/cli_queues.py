@@ -85,6 +85,8 @@ def queues_set(ctx: typer.Context, name: str = typer.Argument(..., metavar="QUEU
                                                   help="Job starts per second across the fleet (10/s, 30/m; none clears)."),
                dlq: Optional[bool] = typer.Option(None, "--dlq/--no-dlq",
                                                   help="Dead-letter the queue's exhausted jobs, or not."),
+               global_max: Optional[str] = typer.Option(None, "--global-max", metavar="N",
+                                                        help="At most N of its jobs running across the fleet (none clears)."),
                shards: Optional[str] = typer.Option(None, "--shards", metavar="N",
                                                     help="Lanes, each strict FIFO (1-64; 1 = the whole queue)."),
                force: bool = FORCE, database_url: Optional[str] = DB_URL, json_out: bool = JSON_OUT) -> None:
@@ -98,10 +100,12 @@ def queues_set(ctx: typer.Context, name: str = typer.Argument(..., metavar="QUEU
         settings["rate"] = _cleared(rate, str)
     if dlq is not None:
         settings["dlq"] = dlq
+    if global_max is not None:
+        settings["global_max"] = _cleared(global_max, _limit)
     if shards is not None:
         settings["shards"] = _cleared(shards, _limit)
     if not settings:
-        raise UserError("nothing to set: give --rate, --dlq/--no-dlq or --shards")
+        raise UserError("nothing to set: give --rate, --dlq/--no-dlq, --global-max or --shards")
     with connection(_group_url(ctx, database_url)) as conn:
         _require_known_queue(conn, name, force)
         policy = set_queue(conn, name, **settings)

@@ -67,6 +67,7 @@ class QueueStats(QueueDepth):
     rate: Optional[float] = None
     dlq: Optional[bool] = None
     shards: int = 1
+    global_max: Optional[int] = None   # running never exceeds it (SPEC §11)
 
     @property
     def jobs_per_s(self) -> float:
@@ -166,7 +167,7 @@ def queue_stats(conn: Any) -> List[QueueStats]:
         rows = _rows(cur)
     return [QueueStats(queue=row["queue"], paused=bool(row["paused"]), lag_seconds=float(row["lag_s"] or 0.0),
                        counts_age_s=float(row["counts_age_s"] or 0.0), rate=row["rate_per_s"], dlq=row["dlq"],
-                       shards=int(row["shards"]), **{name: int(row[name]) for name in _COUNTS})
+                       shards=int(row["shards"]), global_max=row["global_max"], **{name: int(row[name]) for name in _COUNTS})
             for row in rows]
 
 

@@ -19,6 +19,9 @@ LEASE_COUNTER_BITS = 40       # leases: supervisor id above, claim counter below
 LOOK_FROM_START_EVERY_S = 0.5  # a backlog's claims use a cursor; one claim this often does not
 RUSH_EVERY_S = 0.005         # at most one early claim of urgent jobs per queue this often
 FAILED_CLAIM_BACKOFF_S = 1.0
+# A queue with a global_max that came back short may be at its limit, not
+# empty: look again this soon (a slot another supervisor frees sends no NOTIFY).
+LIMITED_RETRY_S = 0.1
 # A rush claim's cursor: priority 1 from the start, the other levels past
 # their end (it claims nothing else: a job another supervisor took first
 # leaves it empty-handed, not holding a backlog job it has no use for).
@@ -51,6 +54,7 @@ class Claimer:
         self.blocked_until: Dict[str, float] = {}
         self.shards: Dict[str, int] = {}
         self.rates: Dict[str, Optional[float]] = {}   # the fleet's, from awa.queues
+        self.limited: Set[str] = set()                 # queues with a global_max
         # weighted turns across plans, priced in child time; it also holds the work flags
         self.stride = dispatcher.Stride(cost=self.turn_seconds)
         self.lane_cursor = random.randrange(1 << 16)
@@ -86,6 +90,10 @@ class Claimer:
         for name, queue in settings.items():
             self.shards[name] = queue.shards
             self.rates[name] = queue.rate
+            if queue.global_max is None:
+                self.limited.discard(name)
+            else:
+                self.limited.add(name)
             if queue.paused:
                 self.no_work(name)
 
@@ -141,7 +149,8 @@ class Claimer:
         """Claim up to `want` jobs of a queue (trying the lanes of a sharded
         queue); None when the database connection was lost. A claim that
         comes back short drops the queue's work flag (a rate-limited queue
-        backs off until its next token instead)."""
+        backs off until its next token instead, a queue with a global_max
+        for LIMITED_RETRY_S)."""
         rows: List[ClaimedJob] = []
         for _ in range(self.shards.get(name, 1)):
             got = self._claim_lane(name, self._lane(name), want - len(rows), now)
@@ -153,8 +162,11 @@ class Claimer:
             if len(rows) >= want:
                 return rows
         rate = self.rates.get(name)
-        if rate is not None:
-            self.blocked_until[name] = now + min(1.0, max(0.01, 1.0 / rate))
+        waits = [min(1.0, max(0.01, 1.0 / rate))] if rate is not None else []
+        if name in self.limited:
+            waits.append(LIMITED_RETRY_S)
+        if waits:   # held back by a limit, maybe: keep the work flag, look again soon
+            self.blocked_until[name] = now + min(waits)
         else:
             self.stride.drop(name)
         return rows

@@ -32,6 +32,7 @@ class QueueSettings:
     shards: int = 1
     paused: bool = False
     rate: Optional[float] = None   # job starts per second across the fleet
+    global_max: Optional[int] = None   # jobs running at once across the fleet
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,8 @@ def served_queues(configured: Dict[str, QueueConfig]) -> Dict[str, QueueConfig]:
 def read_queue_settings(cur: Any, queues: Iterable[str]) -> Dict[str, QueueSettings]:
     """The named queues' settings, as awa.queues has them now."""
     cur.execute(QUERIES["queue_settings"], {"names": sorted(queues)})
-    return {name: QueueSettings(shards=shards, paused=paused, rate=rate)
-            for name, shards, paused, rate in cur.fetchall()}
+    return {name: QueueSettings(shards=shards, paused=paused, rate=rate, global_max=global_max)
+            for name, shards, paused, rate, global_max in cur.fetchall()}
 
 
 def _register_row(cur: Any, values: Dict[str, Any], attempts: int = 20) -> int:

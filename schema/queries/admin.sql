@@ -95,11 +95,12 @@ SELECT awa.set_queue_shards(%(name)s, %(shards)s::smallint)
 -- name: set_queue
 -- A queue's policy (SPEC §11): only the settings named (set_*) change. A new
 -- rate starts with an empty bucket, as a queue's first one does.
-INSERT INTO awa.queues AS q (name, rate_per_s, dlq, tokens)
-VALUES (%(name)s, %(rate)s, %(dlq)s, 0)
+INSERT INTO awa.queues AS q (name, rate_per_s, dlq, global_max, tokens)
+VALUES (%(name)s, %(rate)s, %(dlq)s, %(global_max)s, 0)
 ON CONFLICT (name) DO UPDATE
    SET rate_per_s = CASE WHEN %(set_rate)s THEN excluded.rate_per_s ELSE q.rate_per_s END,
-       dlq = CASE WHEN %(set_dlq)s THEN excluded.dlq ELSE q.dlq END
+       dlq = CASE WHEN %(set_dlq)s THEN excluded.dlq ELSE q.dlq END,
+       global_max = CASE WHEN %(set_global_max)s THEN excluded.global_max ELSE q.global_max END
 
 -- name: queue_policy
-SELECT name, paused, rate_per_s, dlq, shards FROM awa.queues WHERE name = %(name)s
+SELECT name, paused, rate_per_s, dlq, shards, global_max FROM awa.queues WHERE name = %(name)s

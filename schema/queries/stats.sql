@@ -14,7 +14,7 @@
 -- leader's census). Terminal counts come from the history's running
 -- counts, so the cost grows neither with history nor with the backlog.
 -- The queue's policy (awa.queues) comes with it.
-SELECT s.*, q.rate_per_s, q.dlq, coalesce(q.shards, 1) AS shards
+SELECT s.*, q.rate_per_s, q.dlq, coalesce(q.shards, 1) AS shards, q.global_max
   FROM awa.queue_stats() s LEFT JOIN awa.queues q ON q.name = s.queue
  ORDER BY s.queue
 

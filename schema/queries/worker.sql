@@ -127,7 +127,7 @@ RETURNING q.dlq, q.rate_per_s
 
 -- name: queue_settings
 -- What a running supervisor applies from the fleet's settings (read every few seconds).
-SELECT name, shards, paused, rate_per_s FROM awa.queues WHERE name = ANY(%(names)s)
+SELECT name, shards, paused, rate_per_s, global_max FROM awa.queues WHERE name = ANY(%(names)s)
 
 -- name: job_cancelled
 -- Whether a job was really cancelled: a cancel notification is only a hint
