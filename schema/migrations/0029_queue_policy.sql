@@ -25,7 +25,7 @@ ALTER TABLE awa.queues ADD COLUMN global_max integer CHECK (global_max IS NULL O
 -- run_at order, so aging needs no sort of the whole backlog. Paused queues
 -- yield nothing; a queue with a global_max claims at most what the fleet's
 -- running jobs of the queue leave of it (counted under the queue row's lock,
--- so the fleet's claims of the queue take turns: 0030); rate-limited queues
+-- so the fleet's claims of the queue take turns: 0029); rate-limited queues
 -- then take tokens from the shared bucket. The deadline is built from the
 -- job's own timeout, else its task's (awa.task_defaults), and the timeout
 -- returned is read off that deadline: the supervisor enforces the value the
